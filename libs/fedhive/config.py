@@ -1,0 +1,131 @@
+"""Settings: built once from the environment by each process's composition root, then passed down.
+
+This is the only module that reads the environment. Invalid settings raise `ConfigError` whose
+one-line message names the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+from fedhive.errors import ConfigError
+
+_NAMESPACE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+# S3 bucket naming rules (lower case, 3-63 chars, no leading/trailing dot or dash).
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Settings:
+    amqp_url: str = field(default="amqp://guest:guest@127.0.0.1:5672/%2F", repr=False)
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
+    s3_endpoint_url: str | None = None  # None: real AWS S3
+    s3_bucket: str = "fedhive"
+    s3_region: str = "us-east-1"
+    aws_access_key_id: str | None = field(default=None, repr=False)
+    aws_secret_access_key: str | None = field(default=None, repr=False)
+    aws_session_token: str | None = field(default=None, repr=False)
+    namespace: str = "fedhive"
+    inline_threshold: int = 2 * MiB  # arrays up to this many bytes travel inside messages
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        defaults = cls()
+
+        def get(name: str, default: str | None) -> str | None:
+            value = env.get(name)
+            return default if value is None or value.strip() == "" else value.strip()
+
+        values: dict[str, Any] = {
+            "amqp_url": _url(
+                "FEDHIVE_AMQP_URL", get("FEDHIVE_AMQP_URL", defaults.amqp_url), ("amqp", "amqps")
+            ),
+            "redis_url": _url(
+                "FEDHIVE_REDIS_URL",
+                get("FEDHIVE_REDIS_URL", defaults.redis_url),
+                ("redis", "rediss", "unix"),
+            ),
+            "s3_bucket": _match(
+                "FEDHIVE_S3_BUCKET", get("FEDHIVE_S3_BUCKET", defaults.s3_bucket), _BUCKET,
+                "a valid S3 bucket name (3-63 chars: a-z, 0-9, '.', '-')",
+            ),
+            "namespace": _match(
+                "FEDHIVE_NAMESPACE", get("FEDHIVE_NAMESPACE", defaults.namespace), _NAMESPACE,
+                "1-40 chars of a-z, 0-9, '_' or '-', starting with a letter or digit",
+            ),
+            "s3_region": get("AWS_REGION", get("AWS_DEFAULT_REGION", defaults.s3_region)),
+            "aws_access_key_id": get("AWS_ACCESS_KEY_ID", None),
+            "aws_secret_access_key": get("AWS_SECRET_ACCESS_KEY", None),
+            "aws_session_token": get("AWS_SESSION_TOKEN", None),
+            "inline_threshold": _int(
+                "FEDHIVE_INLINE_THRESHOLD",
+                get("FEDHIVE_INLINE_THRESHOLD", str(defaults.inline_threshold)),
+            ),
+        }
+        endpoint = get("FEDHIVE_S3_ENDPOINT_URL", None)
+        values["s3_endpoint_url"] = (
+            None if endpoint is None else _url("FEDHIVE_S3_ENDPOINT_URL", endpoint, ("http", "https"))
+        )
+        level = (get("FEDHIVE_LOG_LEVEL", defaults.log_level) or "").upper()
+        if level not in _LOG_LEVELS:
+            raise ConfigError(
+                f"FEDHIVE_LOG_LEVEL={level!r} is not one of {', '.join(_LOG_LEVELS)}",
+                field="FEDHIVE_LOG_LEVEL",
+            )
+        values["log_level"] = level
+        if bool(values["aws_access_key_id"]) != bool(values["aws_secret_access_key"]):
+            raise ConfigError(
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together",
+                field="AWS_SECRET_ACCESS_KEY",
+            )
+        return cls(**values)
+
+    def with_namespace(self, namespace: str) -> Settings:
+        return replace(self, namespace=_match("namespace", namespace, _NAMESPACE, "a namespace"))
+
+    @property
+    def amqp_tls(self) -> bool:
+        return self.amqp_url.startswith("amqps://")
+
+
+def _url(name: str, value: str | None, schemes: tuple[str, ...]) -> str:
+    assert value is not None
+    parts = urlsplit(value)
+    if parts.scheme not in schemes:
+        raise ConfigError(
+            f"{name} must be a {' or '.join(s + '://' for s in schemes)} URL, got scheme "
+            f"{parts.scheme or 'none'!r}",
+            field=name,
+        )
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ConfigError(f"{name} has no host", field=name)
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a non-numeric or out-of-range port
+    except ValueError:
+        raise ConfigError(f"{name} has an invalid port", field=name) from None
+    return value
+
+
+def _match(name: str, value: str | None, pattern: re.Pattern[str], what: str) -> str:
+    if value is None or not pattern.match(value):
+        raise ConfigError(f"{name}={value!r} must be {what}", field=name)
+    return value
+
+
+def _int(name: str, value: str | None) -> int:
+    try:
+        number = int(value or "")
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not an integer", field=name) from None
+    if number < 0:
+        raise ConfigError(f"{name}={number} must not be negative", field=name)
+    return number

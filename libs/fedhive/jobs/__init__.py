@@ -1,0 +1,1 @@
+"""Jobs: status state machine, meta.json model, validation, archive safety."""

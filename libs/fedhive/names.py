@@ -1,0 +1,86 @@
+"""Every queue, exchange, Redis key and S3 key name in fedhive, from one set of templates.
+
+All names start with the namespace so several deployments (and every test) can share one
+broker, one Redis and one bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Names:
+    ns: str
+
+    # RabbitMQ -----------------------------------------------------------------------------
+    @property
+    def cmd_exchange(self) -> str:
+        return f"{self.ns}.cmd"
+
+    @property
+    def events_exchange(self) -> str:
+        return f"{self.ns}.events"
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return f"{self.ns}.dlx"
+
+    def service_queue(self, service: str) -> str:
+        """`job-store`, `scheduler`, `job-runner`."""
+        return f"{self.ns}.{service}"
+
+    def site_queue(self, site: str) -> str:
+        return f"{self.ns}.site.{site}"
+
+    def job_server_queue(self, job_id: str) -> str:
+        return f"{self.ns}.job.{job_id}.server"
+
+    def events_queue(self, consumer: str) -> str:
+        """The queue a service binds to the events exchange."""
+        return f"{self.ns}.events.{consumer}"
+
+    @staticmethod
+    def dead_letter_queue(queue: str) -> str:
+        return f"{queue}.dlq"
+
+    # Redis ----------------------------------------------------------------------------------
+    def key(self, *parts: str) -> str:
+        return ":".join((self.ns, *parts))
+
+    def job_key(self, job_id: str) -> str:
+        return self.key("job", job_id)
+
+    def job_history_key(self, job_id: str) -> str:
+        return self.key("job", job_id, "history")
+
+    @property
+    def jobs_by_submit_key(self) -> str:
+        return self.key("jobs", "by-submit")
+
+    def jobs_by_status_key(self, status: str) -> str:
+        return self.key("jobs", "by-status", status)
+
+    def site_key(self, site: str) -> str:
+        return self.key("site", site)
+
+    @property
+    def sites_key(self) -> str:
+        return self.key("sites")
+
+    def lease_key(self, name: str) -> str:
+        return self.key("lease", name)
+
+    def fence_key(self, name: str) -> str:
+        return self.key("fence", name)
+
+    def idempotency_key(self, scope: str, message_id: str) -> str:
+        return self.key("idem", scope, message_id)
+
+    # S3 -------------------------------------------------------------------------------------
+    def job_archive_key(self, job_id: str) -> str:
+        return f"{self.ns}/jobs/{job_id}/job.zip"
+
+    def tensor_prefix(self, scope: str) -> str:
+        """Where a job's (or a test's) tensor objects live: `{ns}/tensors/{scope}/`."""
+        return f"{self.ns}/tensors/{scope}/"

@@ -1,0 +1,4 @@
+"""Shared fixtures: real RabbitMQ, Redis and S3 (see tests/fixtures/infra.py), one namespace
+per test so tests never see each other's queues, keys or objects."""
+
+pytest_plugins = ["tests.fixtures.infra"]

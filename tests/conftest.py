@@ -1,4 +1,9 @@
 """Shared fixtures: real RabbitMQ, Redis and S3 (see tests/fixtures/infra.py), one namespace
 per test so tests never see each other's queues, keys or objects."""
 
-pytest_plugins = ["tests.fixtures.infra"]
+pytest_plugins = [
+    "tests.fixtures.infra",
+    "tests.fixtures.bus",
+    "tests.fixtures.state",
+    "tests.fixtures.blobs",
+]

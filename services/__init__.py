@@ -1,0 +1,1 @@
+"""fedhive services: one package per long-running process."""

@@ -55,11 +55,15 @@ class Settings:
                 ("redis", "rediss", "unix"),
             ),
             "s3_bucket": _match(
-                "FEDHIVE_S3_BUCKET", get("FEDHIVE_S3_BUCKET", defaults.s3_bucket), _BUCKET,
+                "FEDHIVE_S3_BUCKET",
+                get("FEDHIVE_S3_BUCKET", defaults.s3_bucket),
+                _BUCKET,
                 "a valid S3 bucket name (3-63 chars: a-z, 0-9, '.', '-')",
             ),
             "namespace": _match(
-                "FEDHIVE_NAMESPACE", get("FEDHIVE_NAMESPACE", defaults.namespace), _NAMESPACE,
+                "FEDHIVE_NAMESPACE",
+                get("FEDHIVE_NAMESPACE", defaults.namespace),
+                _NAMESPACE,
                 "1-40 chars of a-z, 0-9, '_' or '-', starting with a letter or digit",
             ),
             "s3_region": get("AWS_REGION", get("AWS_DEFAULT_REGION", defaults.s3_region)),
@@ -73,7 +77,9 @@ class Settings:
         }
         endpoint = get("FEDHIVE_S3_ENDPOINT_URL", None)
         values["s3_endpoint_url"] = (
-            None if endpoint is None else _url("FEDHIVE_S3_ENDPOINT_URL", endpoint, ("http", "https"))
+            None
+            if endpoint is None
+            else _url("FEDHIVE_S3_ENDPOINT_URL", endpoint, ("http", "https"))
         )
         level = (get("FEDHIVE_LOG_LEVEL", defaults.log_level) or "").upper()
         if level not in _LOG_LEVELS:
@@ -102,7 +108,7 @@ def _url(name: str, value: str | None, schemes: tuple[str, ...]) -> str:
     parts = urlsplit(value)
     if parts.scheme not in schemes:
         raise ConfigError(
-            f"{name} must be a {' or '.join(s + '://' for s in schemes)} URL, got scheme "
+            f"{name} must use scheme {' or '.join(s + '://' for s in schemes)}, got "
             f"{parts.scheme or 'none'!r}",
             field=name,
         )

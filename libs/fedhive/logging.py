@@ -29,7 +29,9 @@ def configure(service: str, *, level: str = "INFO", json: bool = True) -> Any:
     structlog.configure(
         processors=[
             *shared,
-            structlog.processors.format_exc_info if json else structlog.processors.ExceptionPrettyPrinter(),
+            structlog.processors.format_exc_info
+            if json
+            else structlog.processors.ExceptionPrettyPrinter(),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
@@ -37,5 +39,7 @@ def configure(service: str, *, level: str = "INFO", json: bool = True) -> Any:
         cache_logger_on_first_use=True,
     )
     # Libraries log through stdlib; keep them quiet unless they warn.
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.WARNING, format="%(name)s %(levelname)s %(message)s"
+    )
     return structlog.get_logger().bind(service=service)

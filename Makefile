@@ -1,0 +1,34 @@
+# fedhive developer commands. `make test` is the README's test command; `.ci/run` runs it in CI.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup proto lint test bench infra
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# Regenerate libs/fedhive/proto from proto/ (the result is committed; a test fails if it is stale).
+proto: setup
+	$(PY) proto/generate.py
+
+lint: setup
+	$(VENV)/bin/ruff check libs services tests bench proto
+	$(VENV)/bin/mypy libs services
+
+# Real RabbitMQ, Redis and S3: starts local RabbitMQ/Redis if they are down; the tests start
+# their own SeaweedFS S3 server. pytest's "no tests collected" (exit 5) counts as a failure.
+test: setup infra
+	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+infra:
+	bash deploy/local/ensure-infra.sh
+
+bench: setup infra
+	$(PY) bench/blobs.py

@@ -1,0 +1,1 @@
+"""The `fedhive` admin command line."""

@@ -1,0 +1,1 @@
+"""The fedhive-job-runner service."""

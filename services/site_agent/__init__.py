@@ -1,0 +1,1 @@
+"""The fedhive-site-agent service."""

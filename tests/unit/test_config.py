@@ -1,0 +1,81 @@
+"""Settings from the environment: defaults, TLS URLs, and one-line errors naming the variable."""
+
+import pytest
+
+from fedhive.config import Settings
+from fedhive.errors import ConfigError
+
+
+def test_defaults_point_at_local_services() -> None:
+    settings = Settings.from_env({})
+    assert settings.amqp_url.startswith("amqp://")
+    assert settings.redis_url == "redis://127.0.0.1:6379/0"
+    assert settings.s3_endpoint_url is None  # real AWS S3
+    assert settings.namespace == "fedhive"
+    assert settings.inline_threshold == 2 * 1024 * 1024
+
+
+def test_managed_cloud_urls_are_accepted() -> None:
+    settings = Settings.from_env(
+        {
+            "FEDHIVE_AMQP_URL": "amqps://site1:pw@b-123.mq.eu-west-1.amazonaws.com:5671/%2F",
+            "FEDHIVE_REDIS_URL": "rediss://:token@master.cache.amazonaws.com:6379/0",
+            "FEDHIVE_S3_BUCKET": "acme-fl.models",
+            "AWS_REGION": "eu-west-1",
+            "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+            "AWS_SECRET_ACCESS_KEY": "secret",
+        }
+    )
+    assert settings.amqp_tls
+    assert settings.s3_region == "eu-west-1"
+    assert settings.s3_bucket == "acme-fl.models"
+
+
+def test_secrets_are_not_in_repr() -> None:
+    settings = Settings.from_env(
+        {
+            "FEDHIVE_AMQP_URL": "amqp://u:hunter2@h/",
+            "AWS_ACCESS_KEY_ID": "AKIAX",
+            "AWS_SECRET_ACCESS_KEY": "hunter3",
+        }
+    )
+    assert "hunter2" not in repr(settings) and "hunter3" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("FEDHIVE_AMQP_URL", "http://localhost:5672"),
+        ("FEDHIVE_AMQP_URL", "amqp://:99999999/"),
+        ("FEDHIVE_REDIS_URL", "memcached://localhost"),
+        ("FEDHIVE_REDIS_URL", "redis://"),
+        ("FEDHIVE_S3_ENDPOINT_URL", "ftp://minio:9000"),
+        ("FEDHIVE_S3_BUCKET", "Bad_Bucket"),
+        ("FEDHIVE_NAMESPACE", "has space"),
+        ("FEDHIVE_NAMESPACE", "x" * 41),
+        ("FEDHIVE_INLINE_THRESHOLD", "2MiB"),
+        ("FEDHIVE_INLINE_THRESHOLD", "-1"),
+        ("FEDHIVE_LOG_LEVEL", "LOUD"),
+        ("AWS_ACCESS_KEY_ID", "AKIA-without-secret"),
+    ],
+)
+def test_invalid_setting_names_the_variable(variable: str, value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({variable: value})
+    message = str(caught.value)
+    assert "\n" not in message
+    if variable == "AWS_ACCESS_KEY_ID":
+        assert "AWS_SECRET_ACCESS_KEY" in message
+    else:
+        assert variable in message
+        assert caught.value.field == variable
+
+
+def test_blank_values_mean_default() -> None:
+    assert Settings.from_env({"FEDHIVE_NAMESPACE": "  "}).namespace == "fedhive"
+
+
+def test_settings_are_frozen() -> None:
+    settings = Settings()
+    with pytest.raises(AttributeError):
+        settings.namespace = "other"  # type: ignore[misc]

@@ -1,0 +1,1 @@
+"""Sites: what a site agent reports about itself (heartbeats) and its serde."""

@@ -13,11 +13,11 @@ from typing import Any
 @dataclass(frozen=True)
 class SiteHeartbeat:
     site: str
-    org: str
-    sent_at_ms: int
+    org: str = ""
     running_job_ids: list[str] = field(default_factory=list)
     resources: dict[str, Any] = field(default_factory=dict)
     agent_version: str = ""
+    sent_at_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,6 @@ class JobHeartbeat:
 
     job_id: str
     site: str
-    sent_at_ms: int
+    sent_at_ms: int = 0
     current_task: str = ""
     progress: float = 0.0

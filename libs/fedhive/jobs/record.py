@@ -1,0 +1,75 @@
+"""The job record: what fedhive knows about one job, as plain dataclasses.
+
+These are the domain objects services pass around; `fedhive.jobs.serde` converts them to and
+from the protobuf wire messages, and `fedhive.state` stores them. Times are unix epoch
+milliseconds; `None` means "not happened yet" (start/end/schedule times).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedhive.jobs.status import JobStatus
+
+
+@dataclass(frozen=True)
+class JobMeta:
+    """The typed part of meta.json (proto `fedhive.v1.JobMeta`); other keys stay in `extra`."""
+
+    name: str
+    resource_spec: dict[str, dict[str, Any]] = field(default_factory=dict)  # site -> resources
+    deploy_map: dict[str, list[str]] = field(default_factory=dict)  # app -> targets
+    min_clients: int | None = None
+    mandatory_clients: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Submitter:
+    name: str
+    org: str = ""
+    role: str = ""
+
+
+@dataclass(frozen=True)
+class StatusChange:
+    """One entry of a job's status history; `from_status` is None for the submission itself."""
+
+    from_status: JobStatus | None
+    to_status: JobStatus
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    meta: JobMeta
+    status: JobStatus
+    submitter: Submitter
+    submit_time_ms: int
+    start_time_ms: int | None = None
+    end_time_ms: int | None = None
+    schedule_count: int = 0
+    last_schedule_time_ms: int | None = None
+    next_schedule_time_ms: int | None = None
+    sites: list[str] = field(default_factory=list)
+    failed_sites: list[str] = field(default_factory=list)
+    archive_key: str = ""
+    result_key: str = ""
+    history: list[StatusChange] = field(default_factory=list)
+    pending_reason: dict[str, Any] = field(default_factory=dict)  # empty: not waiting
+
+    @property
+    def status_reason(self) -> str:
+        """Why the job has its current status: the reason of the last history entry."""
+        return self.history[-1].reason if self.history else ""
+
+
+@dataclass(frozen=True)
+class JobStatusEvent:
+    """Published on the events exchange as `job.status.<STATUS>` for every status change."""
+
+    job_id: str
+    change: StatusChange

@@ -1,0 +1,145 @@
+"""The state port: what services may ask of the state store (jobs, leases, sites, idempotency).
+
+Small protocols so a handler depends only on what it uses; `RedisStateStore` implements all of
+them and `MemoryStateStore` is the in-process double; both pass the one contract suite
+(tests/integration/test_state_{jobs,leases,sites}.py, fixture `state_store`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fedhive.jobs.record import JobMeta, JobRecord, Submitter
+from fedhive.jobs.status import JobStatus
+from fedhive.sites.heartbeat import SiteHeartbeat
+
+
+@dataclass(frozen=True)
+class JobUpdate:
+    """Non-status fields to set on a job record; `None` leaves a field as it is.
+
+    `pending_reason={}` clears the pending reason.
+    """
+
+    schedule_count: int | None = None
+    last_schedule_time_ms: int | None = None
+    next_schedule_time_ms: int | None = None
+    pending_reason: dict[str, Any] | None = None
+    sites: list[str] | None = None
+    failed_sites: list[str] | None = None
+    archive_key: str | None = None
+    result_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Makes a write conditional: it happens only if `token` is lease `lease`'s current token."""
+
+    lease: str
+    token: int
+
+
+@dataclass(frozen=True)
+class Lease:
+    name: str
+    holder: str
+    token: int
+    expires_in_s: float
+
+
+class JobStore(Protocol):
+    def create_job(
+        self,
+        job_id: str,
+        meta: JobMeta,
+        submitter: Submitter,
+        *,
+        archive_key: str = "",
+        reason: str = "submitted",
+    ) -> JobRecord:
+        """Store a new job in status SUBMITTED; AlreadyExists if the id is taken."""
+        ...
+
+    def get_job(self, job_id: str) -> JobRecord:
+        """The record with its history; NotFound naming the id."""
+        ...
+
+    def list_jobs(self, status: JobStatus | None = None) -> list[JobRecord]:
+        """Jobs (all, or those in `status`) in submission order."""
+        ...
+
+    def change_status(
+        self,
+        job_id: str,
+        expected: JobStatus,
+        new: JobStatus,
+        reason: str,
+        *,
+        update: JobUpdate | None = None,
+        fence: Fence | None = None,
+    ) -> JobRecord:
+        """The one way to change a status: atomic compare-and-set enforcing `TRANSITIONS`.
+
+        IllegalTransition when the job is not in `expected` or `expected -> new` is not allowed;
+        StaleFencingToken when `fence` is not current; NotFound for an unknown job. On any error
+        the record is unchanged.
+        """
+        ...
+
+    def update_job(
+        self, job_id: str, update: JobUpdate, *, fence: Fence | None = None
+    ) -> JobRecord:
+        """Set non-status fields atomically (NotFound, StaleFencingToken as above)."""
+        ...
+
+    def delete_job(self, job_id: str) -> bool:
+        """Remove the record, its history and index entries; False if there was none."""
+        ...
+
+
+class Leases(Protocol):
+    def acquire(self, name: str, holder: str, ttl_s: float) -> int | None:
+        """A fencing token (higher than any before for `name`), or None if another holds it.
+
+        Acquiring again as the current holder extends the lease and returns the same token.
+        """
+        ...
+
+    def renew(self, name: str, holder: str, token: int, ttl_s: float) -> None:
+        """Extend the lease; LeaseNotHeld if `token` is no longer the lease's current token."""
+        ...
+
+    def release(self, name: str, holder: str, token: int) -> bool:
+        """Give the lease up; False (and nothing changes) if not held with this token."""
+        ...
+
+    def get_lease(self, name: str) -> Lease | None: ...
+
+
+class SiteRegistry(Protocol):
+    def record_heartbeat(self, beat: SiteHeartbeat, ttl_s: float) -> None:
+        """Keep `beat` as the site's last heartbeat for `ttl_s`; the site stays known forever."""
+        ...
+
+    def get_site(self, site: str) -> SiteHeartbeat | None:
+        """The last heartbeat of a live site; None once its TTL expired."""
+        ...
+
+    def live_sites(self) -> list[SiteHeartbeat]:
+        """Heartbeats of sites whose TTL has not expired, by site name."""
+        ...
+
+    def known_sites(self) -> list[str]:
+        """Every site that ever sent a heartbeat, by name."""
+        ...
+
+
+class Idempotency(Protocol):
+    def claim(self, scope: str, message_id: str, ttl_s: float) -> bool:
+        """True the first time (scope, message_id) is claimed within `ttl_s`, False after."""
+        ...
+
+
+class StateStore(JobStore, Leases, SiteRegistry, Idempotency, Protocol):
+    def close(self) -> None: ...

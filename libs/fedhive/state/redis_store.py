@@ -1,0 +1,325 @@
+"""The Redis adapter of the state port.
+
+Every job write is one Lua script (see `fedhive.state.scripts`), so records, status indexes
+and history never disagree. Keys come from `Names`; the scripts touch several keys at once, so
+the Redis must be a single shard (standalone, replicated or Sentinel; ElastiCache with
+cluster mode off). Connection failures are retried with the shared `Backoff` policy and then
+surface as `Unavailable`. A retried write whose first attempt did reach Redis answers as a
+repeat would (AlreadyExists, IllegalTransition); callers are idempotent on message ids anyway.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
+
+import redis
+import structlog
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from fedhive.config import Settings
+from fedhive.errors import (
+    AlreadyExists,
+    IllegalTransition,
+    LeaseNotHeld,
+    NotFound,
+    StaleFencingToken,
+    Unavailable,
+)
+from fedhive.jobs.record import JobMeta, JobRecord, Submitter
+from fedhive.jobs.status import INITIAL, JobStatus
+from fedhive.names import Names
+from fedhive.retry import Backoff
+from fedhive.sites.heartbeat import SiteHeartbeat
+from fedhive.sites.serde import site_heartbeat_from_dict, site_heartbeat_to_dict
+from fedhive.state import codec, scripts
+from fedhive.state.port import Fence, JobUpdate, Lease
+
+T = TypeVar("T")
+log = structlog.get_logger()
+
+DEFAULT_BACKOFF = Backoff(base=0.05, cap=1.0, max_attempts=6)
+_TRANSIENT = (redis.ConnectionError, redis.TimeoutError)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+class RedisStateStore:
+    """Implements `fedhive.state.port.StateStore` on one Redis (redis:// or rediss://)."""
+
+    def __init__(
+        self, client: redis.Redis, names: Names, *, where: str, backoff: Backoff = DEFAULT_BACKOFF
+    ) -> None:
+        self._client = client
+        self._names = names
+        self._where = where  # host:port, for error messages (never the password)
+        self._backoff = backoff
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, backoff: Backoff = DEFAULT_BACKOFF
+    ) -> RedisStateStore:
+        # redis-py's own retries are off: `backoff` is the one retry policy.
+        client = redis.Redis.from_url(
+            settings.redis_url,
+            decode_responses=True,
+            retry=Retry(NoBackoff(), 0),
+            socket_connect_timeout=5.0,
+            socket_timeout=10.0,
+            health_check_interval=30,
+        )
+        parts = urlsplit(settings.redis_url)
+        where = f"{parts.hostname}:{parts.port or 6379}" if parts.hostname else parts.path
+        return cls(client, Names(settings.namespace), where=where, backoff=backoff)
+
+    def close(self) -> None:
+        self._client.close()
+
+    # plumbing -------------------------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        def on_retry(err: BaseException, wait: float) -> None:
+            log.warning("redis_retry", op=what, error=str(err), wait_s=round(wait, 3))
+
+        try:
+            return self._backoff.call(fn, _TRANSIENT, on_retry)
+        except _TRANSIENT as err:
+            raise Unavailable(f"redis at {self._where} unavailable for {what}: {err}") from err
+
+    def _script(
+        self, what: str, script: scripts.LuaScript, keys: Sequence[str], args: Sequence[Any]
+    ) -> Any:
+        def run() -> Any:
+            try:
+                return self._client.evalsha(script.sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                return self._client.eval(script.source, len(keys), *keys, *args)
+
+        return self._call(what, run)
+
+    def _job_reply(self, job_id: str, reply: list[Any]) -> JobRecord:
+        key = self._names.job_key(job_id)
+        return codec.record_from_redis(key, codec.pairs_to_dict(reply[1]), reply[2])
+
+    @staticmethod
+    def _fence_parts(fence: Fence | None, names: Names) -> tuple[list[str], str]:
+        if fence is None:
+            return [], ""
+        return [names.fence_key(fence.lease)], str(fence.token)
+
+    # jobs -----------------------------------------------------------------------------------
+    def create_job(
+        self,
+        job_id: str,
+        meta: JobMeta,
+        submitter: Submitter,
+        *,
+        archive_key: str = "",
+        reason: str = "submitted",
+    ) -> JobRecord:
+        n = self._names
+        keys = [
+            n.job_key(job_id),
+            n.job_history_key(job_id),
+            n.jobs_by_submit_key,
+            n.jobs_by_status_key(INITIAL.value),
+        ]
+        args = [job_id, reason, *codec.create_fields(meta, submitter, archive_key)]
+        reply = self._script(f"create job {job_id}", scripts.CREATE_JOB, keys, args)
+        if reply[0] == scripts.EXISTS:
+            raise AlreadyExists(f"job {job_id} already exists", field="job_id")
+        return self._job_reply(job_id, reply)
+
+    def get_job(self, job_id: str) -> JobRecord:
+        records = self._read_jobs(f"get job {job_id}", [job_id])
+        if not records:
+            raise NotFound(f"job {job_id} not found", field="job_id")
+        return records[0]
+
+    def list_jobs(self, status: JobStatus | None = None) -> list[JobRecord]:
+        index = (
+            self._names.jobs_by_submit_key
+            if status is None
+            else self._names.jobs_by_status_key(status.value)
+        )
+        what = f"list jobs in {index}"
+        ids = cast(list[str], self._call(what, lambda: self._client.zrange(index, 0, -1)))
+        return self._read_jobs(what, ids)
+
+    def _read_jobs(self, what: str, ids: Sequence[str]) -> list[JobRecord]:
+        """Records with their history, skipping ids deleted since they were listed."""
+
+        def read() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.hgetall(self._names.job_key(job_id))
+                pipe.lrange(self._names.job_history_key(job_id), 0, -1)
+            return pipe.execute()
+
+        replies = self._call(what, read) if ids else []
+        return [
+            codec.record_from_redis(self._names.job_key(job_id), fields, history)
+            for job_id, fields, history in zip(ids, replies[::2], replies[1::2], strict=True)
+            if fields
+        ]
+
+    def change_status(
+        self,
+        job_id: str,
+        expected: JobStatus,
+        new: JobStatus,
+        reason: str,
+        *,
+        update: JobUpdate | None = None,
+        fence: Fence | None = None,
+    ) -> JobRecord:
+        n = self._names
+        fence_keys, token = self._fence_parts(fence, n)
+        keys = [
+            n.job_key(job_id),
+            n.job_history_key(job_id),
+            n.jobs_by_submit_key,
+            n.jobs_by_status_key(expected.value),
+            n.jobs_by_status_key(new.value),
+            *fence_keys,
+        ]
+        args = [job_id, expected.value, new.value, reason, token, *codec.update_fields(update)]
+        what = f"job {job_id} {expected.value} -> {new.value}"
+        reply = self._script(what, scripts.CHANGE_STATUS, keys, args)
+        code, current = reply[0], reply[1]
+        if code == scripts.OK:
+            record = self._job_reply(job_id, reply)
+            log.info("job_status_changed", job_id=job_id, old=expected.value, new=new.value)
+            return record
+        if code == scripts.NOT_FOUND:
+            raise NotFound(f"job {job_id} not found", field="job_id")
+        if code == scripts.STALE_FENCE:
+            assert fence is not None
+            raise StaleFencingToken(
+                f"job {job_id}: {expected.value} -> {new.value} refused: fencing token "
+                f"{fence.token} of lease {fence.lease} is stale (current {current or 'none'})",
+                field=fence.lease,
+            )
+        if code == scripts.STALE_STATUS:
+            raise IllegalTransition(
+                f"job {job_id} is {current}, not {expected.value}: cannot change it to "
+                f"{new.value}",
+                field="status",
+            )
+        raise IllegalTransition(
+            f"job {job_id}: {current} -> {new.value} is not an allowed status change",
+            field="status",
+        )
+
+    def update_job(
+        self, job_id: str, update: JobUpdate, *, fence: Fence | None = None
+    ) -> JobRecord:
+        n = self._names
+        fence_keys, token = self._fence_parts(fence, n)
+        keys = [n.job_key(job_id), n.job_history_key(job_id), *fence_keys]
+        args = [token, *codec.update_fields(update)]
+        reply = self._script(f"update job {job_id}", scripts.UPDATE_JOB, keys, args)
+        if reply[0] == scripts.NOT_FOUND:
+            raise NotFound(f"job {job_id} not found", field="job_id")
+        if reply[0] == scripts.STALE_FENCE:
+            assert fence is not None
+            raise StaleFencingToken(
+                f"job {job_id}: fencing token {fence.token} of lease {fence.lease} is stale "
+                f"(current {reply[1] or 'none'}); job not updated",
+                field=fence.lease,
+            )
+        return self._job_reply(job_id, reply)
+
+    def delete_job(self, job_id: str) -> bool:
+        n = self._names
+        keys = [
+            n.job_key(job_id),
+            n.job_history_key(job_id),
+            n.jobs_by_submit_key,
+            *(n.jobs_by_status_key(status.value) for status in JobStatus),
+        ]
+        return bool(self._script(f"delete job {job_id}", scripts.DELETE_JOB, keys, [job_id]))
+
+    # leases ---------------------------------------------------------------------------------
+    def _lease_keys(self, name: str) -> list[str]:
+        return [self._names.lease_key(name), self._names.fence_key(name)]
+
+    def acquire(self, name: str, holder: str, ttl_s: float) -> int | None:
+        keys = self._lease_keys(name)
+        token = self._script(
+            f"acquire lease {name}", scripts.ACQUIRE_LEASE, keys, [holder, _ms(ttl_s)]
+        )
+        return None if token is None else int(token)
+
+    def renew(self, name: str, holder: str, token: int, ttl_s: float) -> None:
+        keys = self._lease_keys(name)
+        renewed = self._script(
+            f"renew lease {name}", scripts.RENEW_LEASE, keys, [holder, token, _ms(ttl_s)]
+        )
+        if not renewed:
+            raise LeaseNotHeld(
+                f"lease {name} is no longer held by {holder} with token {token}", field=name
+            )
+
+    def release(self, name: str, holder: str, token: int) -> bool:
+        keys = self._lease_keys(name)
+        released = self._script(
+            f"release lease {name}", scripts.RELEASE_LEASE, keys, [holder, token]
+        )
+        return bool(released)
+
+    def get_lease(self, name: str) -> Lease | None:
+        key = self._names.lease_key(name)
+
+        def read() -> list[Any]:
+            pipe = self._client.pipeline(transaction=True)
+            pipe.hgetall(key)
+            pipe.pttl(key)
+            return pipe.execute()
+
+        fields, ttl_ms = self._call(f"read lease {name}", read)
+        if not fields:
+            return None
+        return Lease(name, fields["holder"], int(fields["token"]), max(ttl_ms, 0) / 1000)
+
+    # sites ----------------------------------------------------------------------------------
+    def record_heartbeat(self, beat: SiteHeartbeat, ttl_s: float) -> None:
+        def write() -> None:
+            pipe = self._client.pipeline(transaction=True)
+            value = json.dumps(site_heartbeat_to_dict(beat))
+            pipe.set(self._names.site_key(beat.site), value, px=_ms(ttl_s))
+            pipe.zadd(self._names.sites_key, {beat.site: beat.sent_at_ms})
+            pipe.execute()
+
+        self._call(f"record heartbeat of site {beat.site}", write)
+
+    def get_site(self, site: str) -> SiteHeartbeat | None:
+        key = self._names.site_key(site)
+        raw = cast(str | None, self._call(f"read site {site}", lambda: self._client.get(key)))
+        return None if raw is None else site_heartbeat_from_dict(json.loads(raw))
+
+    def known_sites(self) -> list[str]:
+        key = self._names.sites_key
+        sites = cast(list[str], self._call("list sites", lambda: self._client.zrange(key, 0, -1)))
+        return sorted(sites)
+
+    def live_sites(self) -> list[SiteHeartbeat]:
+        sites = self.known_sites()
+        if not sites:
+            return []
+        keys = [self._names.site_key(site) for site in sites]
+        raws = cast(list[str | None], self._call("read sites", lambda: self._client.mget(keys)))
+        return [site_heartbeat_from_dict(json.loads(raw)) for raw in raws if raw is not None]
+
+    # idempotency ----------------------------------------------------------------------------
+    def claim(self, scope: str, message_id: str, ttl_s: float) -> bool:
+        key = self._names.idempotency_key(scope, message_id)
+        return bool(
+            self._call(
+                f"claim {key}", lambda: self._client.set(key, "1", nx=True, px=_ms(ttl_s))
+            )
+        )

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup proto lint test bench infra
+.PHONY: setup proto lint test bench infra gpu-check
 
 setup: $(STAMP)
 
@@ -18,8 +18,8 @@ proto: setup
 	$(PY) proto/generate.py
 
 lint: setup
-	$(VENV)/bin/ruff check libs services tests bench proto
-	$(VENV)/bin/mypy libs services
+	$(VENV)/bin/ruff check libs services tests bench proto deploy
+	$(VENV)/bin/mypy libs services deploy
 
 # Real RabbitMQ, Redis and S3: starts local RabbitMQ/Redis if they are down; the tests start
 # their own SeaweedFS S3 server. pytest's "no tests collected" (exit 5) counts as a failure.
@@ -32,3 +32,8 @@ infra:
 
 bench: setup infra
 	$(PY) bench/blobs.py
+
+# Proves the NVML path on a machine with a GPU (detection, distinct device ids, CUDA_VISIBLE_DEVICES
+# seen by a child); exits 2 with one line where there is no GPU. Tests never need a GPU.
+gpu-check: setup
+	$(PY) deploy/gpu_check.py

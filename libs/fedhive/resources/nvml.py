@@ -1,0 +1,55 @@
+"""GPU detection: a two-method port and its NVML adapter (the `nvidia-ml-py` package).
+
+Device indices are NVML's, which follow PCI bus order; the consumer sets
+`CUDA_DEVICE_ORDER=PCI_BUS_ID` so CUDA numbers the devices the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import pynvml
+
+
+class GpuDevices(Protocol):
+    def device_count(self) -> int: ...
+
+    def memory_total_bytes(self, index: int) -> int: ...
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used here: no driver library, no driver, or no permission."""
+
+
+class NvmlDevices:
+    """Initialises NVML on first use (so merely building one needs no GPU); `close()` shuts it
+    down again."""
+
+    def __init__(self) -> None:
+        self._initialised = False
+
+    def device_count(self) -> int:
+        self._init()
+        return int(self._call(pynvml.nvmlDeviceGetCount))
+
+    def memory_total_bytes(self, index: int) -> int:
+        self._init()
+        handle = self._call(pynvml.nvmlDeviceGetHandleByIndex, index)
+        return int(self._call(pynvml.nvmlDeviceGetMemoryInfo, handle).total)
+
+    def close(self) -> None:
+        if self._initialised:
+            self._initialised = False
+            self._call(pynvml.nvmlShutdown)
+
+    def _init(self) -> None:
+        if not self._initialised:
+            self._call(pynvml.nvmlInit)
+            self._initialised = True
+
+    @staticmethod
+    def _call(function: Any, *args: Any) -> Any:
+        try:
+            return function(*args)
+        except pynvml.NVMLError as err:
+            raise NvmlUnavailable(f"NVML {function.__name__} failed: {err}") from err

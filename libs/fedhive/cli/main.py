@@ -1,8 +1,8 @@
 """`fedhive`: the admin command line.
 
 Job commands (submit, list, abort, ...) talk to the gateway and arrive with the jobs issue; today
-the CLI shows the version and the effective configuration, which already catches a bad
-environment before any service is started.
+the CLI validates a job offline and shows the version and the effective configuration, which
+already catches a bad environment before any service is started.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhive import __version__
+from fedhive.cli.validate import validate
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError
 
@@ -26,6 +27,9 @@ _SECRET = (
     "aws_secret_access_key",
     "aws_session_token",
 )
+
+
+app.command("validate")(validate)
 
 
 @app.command()

@@ -1,0 +1,116 @@
+"""Components of an app config (`{id, path, args}`) that name fedhive classes, checked early.
+
+A config lists `components` and `workflows` (server) and `executors` (`{tasks, executor}`,
+site); args may nest further components. A path under `fedhive.` is resolved here: the class
+must exist and the args must fit its constructor (unknown names and missing required ones are
+both errors), so a typo fails at submission instead of at run time on every site. Any other
+path is the job's own `custom/` code or a site-installed library: it is only checked for shape
+and never imported by a control-plane service.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+_OWN_PACKAGE = "fedhive"
+
+Problem = tuple[str, str]  # (field, message)
+
+
+def check_components(config: Mapping[str, Any], file: str) -> list[Problem]:
+    """All problems with the components declared in one parsed config file."""
+    problems: list[Problem] = []
+    ids: dict[str, int] = {}
+    for where, component in _declared(config, file, problems):
+        label = _label(component, where)
+        cid = component.get("id")
+        if isinstance(cid, str):
+            ids[cid] = ids.get(cid, 0) + 1
+        problems += [(f"{file} {label}", text) for text in _component_problems(component)]
+    problems += [
+        (f"{file} component {cid!r}", f"id used by {count} components")
+        for cid, count in ids.items()
+        if count > 1
+    ]
+    return problems
+
+
+def _declared(
+    config: Mapping[str, Any], file: str, problems: list[Problem]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    for section in ("components", "workflows", "executors"):
+        entries = config.get(section, [])
+        if not isinstance(entries, list):
+            problems.append((f"{file} {section}", "must be a list"))
+            continue
+        for index, entry in enumerate(entries):
+            where = f"{section}[{index}]"
+            if section == "executors" and isinstance(entry, dict):
+                entry = entry.get("executor")
+                where += ".executor"
+            if not isinstance(entry, dict):
+                problems.append((f"{file} {where}", "must be an object with 'path' and 'args'"))
+                continue
+            yield where, entry
+            yield from _nested(entry, where)
+
+
+def _nested(component: dict[str, Any], where: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Components given as argument values (`{"path": ..., "args": ...}` inside args)."""
+    args = component.get("args")
+    if not isinstance(args, dict):
+        return
+    for name, value in args.items():
+        if isinstance(value, dict) and "path" in value:
+            yield f"{where}.args.{name}", value
+            yield from _nested(value, f"{where}.args.{name}")
+
+
+def _label(component: Mapping[str, Any], where: str) -> str:
+    cid = component.get("id")
+    return f"component {cid!r}" if isinstance(cid, str) and cid else f"component at {where}"
+
+
+def _component_problems(component: Mapping[str, Any]) -> list[str]:
+    cid = component.get("id")
+    if cid is not None and not (isinstance(cid, str) and cid):
+        return ["id must be a non-empty string"]
+    path = component.get("path")
+    if not isinstance(path, str) or not _DOTTED.match(path):
+        return [f"path must be a dotted Python class path, got {path!r}"]
+    args = component.get("args", {})
+    if not isinstance(args, dict):
+        return ["args must be an object"]
+    if path.split(".", 1)[0] != _OWN_PACKAGE:
+        return []  # custom/ code or a site library: checked when the job starts
+    return _fedhive_class_problems(path, set(args))
+
+
+def _fedhive_class_problems(path: str, arg_names: set[str]) -> list[str]:
+    module_name, _, class_name = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return [f"unknown fedhive class {path!r}: no module {module_name!r}"]
+    cls = getattr(module, class_name, None)
+    if not inspect.isclass(cls):
+        return [f"unknown fedhive class {path!r}"]
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return []  # a constructor without an inspectable signature: cannot judge the args
+    named = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    problems = []
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        unknown = sorted(arg_names - set(named))
+        if unknown:
+            problems.append(f"{path} takes no argument(s) {', '.join(unknown)}")
+    missing = sorted(n for n, p in named.items() if p.default is p.empty and n not in arg_names)
+    if missing:
+        problems.append(f"{path} needs argument(s) {', '.join(missing)}")
+    return problems

@@ -1,0 +1,41 @@
+"""fedhive.bus: RabbitMQ messaging: confirmed publishing, consumers, RPC and events.
+
+Domain code and handlers see the `Bus` port (`fedhive.bus.port`); a composition root builds
+the adapter, `RabbitBus(settings, name=...)`, and closes it on shutdown.
+
+Threading model (pika is not thread-safe; every connection is used by one thread at a time):
+
+* Each consumer (`serve`, `subscribe`) has its own thread and its own `BlockingConnection`.
+  That thread only does AMQP I/O; handlers run on the consumer's own small thread pool
+  (`concurrency`, default 1), and their outcomes come back through
+  `connection.add_callback_threadsafe`. The connection thread keeps servicing heartbeats
+  however long a handler runs, so no heartbeat setting has to tolerate handler time.
+* The publisher and the RPC client each own one connection guarded by a lock, so any thread
+  may publish or call. RPC callers share the connection: whoever waits services it in short
+  slices and delivers every reply by correlation id, so concurrent calls do not queue behind a
+  slow one. A keep-alive thread services idle connections so heartbeats keep flowing.
+* `Consumer.stop()` / `RabbitBus.close()`: stop consuming, let running handlers finish and
+  ack, close connections, join threads. Prefetched messages not yet started are redelivered.
+
+Delivery guarantees: publishes wait for the broker's confirm and are re-sent after a
+reconnect (at-least-once: deduplicate by `message_id`); consumers ack only after the handler
+returned; failures are dead-lettered, never looped (see `fedhive.bus.consumer`).
+"""
+
+from fedhive.bus.codec import TypeRegistry
+from fedhive.bus.consumer import Consumer, Delivery, Handler
+from fedhive.bus.port import Bus, Subscription
+from fedhive.bus.rabbitmq import RabbitBus
+from fedhive.bus.topology import QueueSpec, Topology
+
+__all__ = [
+    "Bus",
+    "Consumer",
+    "Delivery",
+    "Handler",
+    "QueueSpec",
+    "RabbitBus",
+    "Subscription",
+    "Topology",
+    "TypeRegistry",
+]

@@ -1,0 +1,78 @@
+"""Protobuf on the wire: the type registry a consumer accepts, and errors as `fedhive.v1.Error`.
+
+The AMQP `type` property carries the protobuf full name; a consumer decodes only the types it
+registered, so a message of any other type is malformed for it (and dead-lettered).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from fedhive.errors import FedhiveError, MalformedMessage, from_code
+from fedhive.proto.v1 import common_pb2
+
+CONTENT_TYPE = "application/x-protobuf"
+ERROR_TYPE = common_pb2.Error.DESCRIPTOR.full_name
+
+M = TypeVar("M", bound=Message)
+
+
+def type_name(message: Message) -> str:
+    """The protobuf full name, e.g. `fedhive.v1.DeployRequest`: the AMQP `type` property."""
+    return message.DESCRIPTOR.full_name
+
+
+class TypeRegistry:
+    """The protobuf classes one consumer accepts, keyed by full name."""
+
+    def __init__(self, classes: Iterable[type[Message]] = ()) -> None:
+        self._classes: dict[str, type[Message]] = {}
+        for cls in classes:
+            self.add(cls)
+
+    def add(self, cls: type[Message]) -> None:
+        self._classes[cls.DESCRIPTOR.full_name] = cls
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._classes
+
+    def names(self) -> list[str]:
+        return sorted(self._classes)
+
+    def decode(self, name: str | None, body: bytes, *, queue: str) -> Message:
+        """Parse `body` as the registered type `name`; `MalformedMessage` names what is wrong."""
+        if not name:
+            raise MalformedMessage(f"message on {queue} has no type property", field="type")
+        cls = self._classes.get(name)
+        if cls is None:
+            raise MalformedMessage(
+                f"message type {name!r} is not accepted on {queue} "
+                f"(accepts: {', '.join(self.names()) or 'nothing'})",
+                field="type",
+            )
+        return parse(cls, body, queue=queue)
+
+
+def parse(cls: type[M], body: bytes, *, queue: str) -> M:
+    message = cls()
+    try:
+        message.ParseFromString(body)
+    except DecodeError as err:
+        raise MalformedMessage(
+            f"body of a {cls.DESCRIPTOR.full_name} on {queue} does not parse: {err}",
+            field="body",
+        ) from None
+    return message
+
+
+def error_message(err: FedhiveError) -> common_pb2.Error:
+    """A typed error as the reply body of a failed RPC."""
+    return common_pb2.Error(code=err.code, message=err.message, field=err.field or "")
+
+
+def error_from_message(reply: common_pb2.Error) -> FedhiveError:
+    """The client side of `error_message`: the same typed error, rebuilt from its code."""
+    return from_code(reply.code, reply.message, reply.field or None)

@@ -1,0 +1,154 @@
+"""Connections to RabbitMQ: parameters from the settings URL, connecting with backoff, and the
+lock-guarded connection that publishers and RPC clients share between threads.
+
+pika's `BlockingConnection` is not thread-safe and only does I/O (heartbeats included) inside
+its own calls. `GuardedConnection` serialises every use behind one lock and runs a small
+keep-alive thread that services the connection while nobody else does, so heartbeats flow on
+an idle publisher too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pika
+import pika.exceptions
+import structlog
+
+from fedhive.errors import Unavailable
+from fedhive.retry import Backoff
+
+log = structlog.get_logger()
+
+# Errors after which the connection (or its channel) is gone but a new one may work.
+CONNECTION_LOST: tuple[type[BaseException], ...] = (
+    pika.exceptions.AMQPConnectionError,
+    pika.exceptions.ChannelWrongStateError,
+    pika.exceptions.ChannelClosedByClient,
+    pika.exceptions.ConsumerCancelled,
+    ConnectionError,
+)
+
+DEFAULT_HEARTBEAT = 30  # seconds; handlers run off the I/O thread, so no need to tolerate them
+RECONNECT = Backoff(base=0.2, cap=5.0, max_attempts=None, deadline=None)
+
+
+def connection_parameters(
+    amqp_url: str, *, name: str, heartbeat: int = DEFAULT_HEARTBEAT
+) -> pika.URLParameters:
+    """`amqp://` or `amqps://` URL to pika parameters.
+
+    TLS options may come in the URL (`?ssl_options={...}`, pika's syntax); an `amqps://` URL
+    without them verifies the server against the system CAs and the URL's host name, which is
+    what Amazon MQ needs.
+    """
+    params = pika.URLParameters(amqp_url)
+    if params.ssl_options is not None and params.ssl_options.server_hostname is None:
+        context = params.ssl_options.context
+        if context.verify_mode != ssl.CERT_NONE:
+            params.ssl_options = pika.SSLOptions(context, server_hostname=params.host)
+    params.heartbeat = heartbeat
+    params.client_properties = {"connection_name": name}
+    return params
+
+
+def user_name(params: pika.URLParameters) -> str:
+    """The broker user of these parameters: the only value RabbitMQ accepts as `user_id`."""
+    return str(params.credentials.username)
+
+
+def connect(
+    params: pika.URLParameters, backoff: Backoff, *, stop: threading.Event | None = None
+) -> pika.BlockingConnection:
+    """Open a connection, retrying transient failures per `backoff`; `Unavailable` when spent."""
+    delays = backoff.delays()
+    while True:
+        try:
+            return pika.BlockingConnection(params)
+        except (pika.exceptions.AMQPConnectionError, OSError) as err:
+            wait = next(delays, None)
+            if wait is None or (stop is not None and stop.is_set()):
+                raise Unavailable(
+                    f"RabbitMQ at {params.host}:{params.port} is unreachable: {err!r}",
+                    field="amqp_url",
+                ) from err
+            log.warning("bus.connect_retry", host=params.host, wait=round(wait, 2), error=repr(err))
+            if stop is not None:
+                stop.wait(wait)
+            else:
+                time.sleep(wait)
+
+
+class GuardedConnection:
+    """One connection and one channel, used by many threads one at a time.
+
+    Callers hold `lock` around `channel()` and everything they do with it; on a
+    `CONNECTION_LOST` error they call `reset()` and try again.
+    """
+
+    def __init__(
+        self,
+        params: pika.URLParameters,
+        setup: Callable[[Any], None],
+        *,
+        backoff: Backoff = RECONNECT,
+    ) -> None:
+        self.lock = threading.RLock()
+        self._params = params
+        self._setup = setup
+        self._backoff = backoff
+        self._connection: pika.BlockingConnection | None = None
+        self._channel: Any = None
+        self._closed = threading.Event()
+        name = params.client_properties["connection_name"]
+        self._keepalive = threading.Thread(
+            target=self._keep_alive, name=f"bus-keepalive-{name}", daemon=True
+        )
+        self._keepalive.start()
+
+    def channel(self) -> Any:
+        """The open channel, (re)connecting first if needed. Call with `lock` held."""
+        if self._closed.is_set():
+            raise Unavailable("the bus connection is closed", field="amqp_url")
+        if self._channel is None or not self._channel.is_open:
+            self.reset()
+            self._connection = connect(self._params, self._backoff, stop=self._closed)
+            self._channel = self._connection.channel()
+            self._setup(self._channel)
+        return self._channel
+
+    @property
+    def connection(self) -> pika.BlockingConnection | None:
+        return self._connection
+
+    def reset(self) -> None:
+        """Drop the current connection (after an error); the next `channel()` reconnects."""
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None and connection.is_open:
+            with contextlib.suppress(*CONNECTION_LOST):
+                connection.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        with self.lock:
+            self.reset()
+        self._keepalive.join()
+
+    def _keep_alive(self) -> None:
+        interval = max(1.0, (self._params.heartbeat or DEFAULT_HEARTBEAT) / 4)
+        while not self._closed.wait(interval):
+            if not self.lock.acquire(blocking=False):
+                continue  # in use: whoever holds it services the connection
+            try:
+                if self._connection is not None and self._connection.is_open:
+                    self._connection.process_data_events(time_limit=0)
+            except CONNECTION_LOST as err:
+                log.info("bus.connection_lost", where="keepalive", error=repr(err))
+                self.reset()
+            finally:
+                self.lock.release()

@@ -1,0 +1,264 @@
+"""A consumer: one thread that owns one connection, and a small pool that runs the handler.
+
+The connection thread only does AMQP: it decodes each delivery, hands the decoded message to the
+pool, and keeps servicing the connection (heartbeats included) however long the handler runs.
+When the handler returns, its outcome comes back through `add_callback_threadsafe` and the
+connection thread replies/acks. So a message is acked only after its handler returned:
+
+* returned normally: reply (for an RPC request) and ack;
+* raised a `FedhiveError` (a domain error, it will never succeed): an RPC request gets a
+  `fedhive.v1.Error` reply and is acked; a one-way command is dead-lettered;
+* raised anything else (transient): nack with requeue after a short backoff; the quorum queue's
+  delivery limit dead-letters it after N failed deliveries;
+* malformed (body does not parse, type missing or not accepted): dead-lettered at once with
+  its raw bytes, logged with a one-line reason.
+
+On a lost connection the thread reconnects with backoff, re-declares its queue and resumes;
+unacked messages are redelivered by the broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import pika
+import pika.exceptions
+import structlog
+from google.protobuf.message import Message
+
+from fedhive.bus.codec import TypeRegistry, error_message
+from fedhive.bus.connection import RECONNECT, connect, user_name
+from fedhive.bus.publisher import properties
+from fedhive.bus.topology import QueueSpec, Topology
+from fedhive.errors import FedhiveError, MalformedMessage, Unavailable
+from fedhive.proto.v1 import common_pb2
+from fedhive.retry import Backoff
+
+log = structlog.get_logger()
+
+# Wait before requeueing a message whose handler failed transiently (attempt = deliveries so far).
+REDELIVERY = Backoff(base=0.05, cap=2.0)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What a handler may want to know about the message besides its body."""
+
+    queue: str
+    message_id: str | None
+    type_name: str
+    routing_key: str
+    redelivered: bool
+    delivery_count: int  # earlier unsuccessful deliveries (quorum queues' x-delivery-count)
+    user_id: str | None  # verified by RabbitMQ when present
+    reply_to: str | None
+    correlation_id: str | None
+    timestamp: int | None
+    headers: Mapping[str, Any] = field(default_factory=dict)
+
+
+Handler = Callable[[Message, Delivery], Message | None]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    reply: Message | None = None
+    dead_letter: bool = False
+    retry: bool = False
+
+
+@dataclass
+class _Session:
+    """One connection's state; callbacks of an older session never touch a newer one."""
+
+    connection: Any
+    channel: Any
+    unsettled: set[int] = field(default_factory=set)
+
+
+class Consumer:
+    """Consume `spec` with `handler`; `start()` once, `stop()` once. See the module docstring."""
+
+    def __init__(
+        self,
+        params: pika.URLParameters,
+        topology: Topology,
+        spec: QueueSpec,
+        handler: Handler,
+        accepts: TypeRegistry,
+        *,
+        prefetch: int = 1,
+        concurrency: int = 1,
+        sign: bool = False,
+        redelivery: Backoff = REDELIVERY,
+    ) -> None:
+        self.spec = spec
+        self._params = params
+        self._topology = topology
+        self._handler = handler
+        self._accepts = accepts
+        self._prefetch = max(prefetch, concurrency)
+        self._user_id = user_name(params) if sign else None
+        self._redelivery = redelivery
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix=f"bus-handler-{spec.name}")
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._consumed = False  # whether the current connection got as far as consuming
+        self._consuming = False
+        self._thread = threading.Thread(target=self._run, name=f"bus-consumer-{spec.name}")
+        self._log = log.bind(queue=spec.name)
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start consuming; returns once the queue is declared and consumed from."""
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            self.stop()
+            raise Unavailable(f"consumer of {self.spec.name} did not start within {timeout}s",
+                              field=self.spec.name)
+
+    @property
+    def consuming(self) -> bool:
+        """Whether new deliveries are being taken right now (false while reconnecting)."""
+        return self._consuming
+
+    def stop(self) -> None:
+        """Stop consuming, let running handlers finish and settle, close, join the threads."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # connection thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        attempt = 0
+        while not self._stopping.is_set():
+            self._consumed = False
+            try:
+                self._consume()
+                return
+            except Unavailable:
+                return  # stopped while connecting
+            except Exception as err:  # the consumer must outlive any failure
+                attempt = 1 if self._consumed else attempt + 1
+                wait = RECONNECT.delay(attempt)
+                self._log.warning("bus.consumer_reconnect", error=repr(err), wait=round(wait, 2))
+                self._stopping.wait(wait)
+
+    def _consume(self) -> None:
+        connection = connect(self._params, RECONNECT, stop=self._stopping)
+        try:
+            channel = connection.channel()
+            session = _Session(connection, channel)
+            self._topology.declare_queue(channel, self.spec)
+            channel.basic_qos(prefetch_count=self._prefetch)
+            tag = channel.basic_consume(self.spec.name, partial(self._on_message, session))
+            self._consumed = self._consuming = True
+            self._ready.set()
+            self._log.info("bus.consuming")
+            while not self._stopping.is_set():
+                connection.process_data_events(time_limit=0.2)
+            channel.basic_cancel(tag)
+            self._consuming = False
+            while session.unsettled:  # handlers still running: let them finish and settle
+                connection.process_data_events(time_limit=0.1)
+        finally:
+            self._consuming = False
+            if connection.is_open:
+                connection.close()
+
+    def _on_message(
+        self, session: _Session, channel: Any, method: Any, props: Any, body: bytes
+    ) -> None:
+        headers = props.headers or {}
+        delivery = Delivery(
+            queue=self.spec.name,
+            message_id=props.message_id,
+            type_name=props.type or "",
+            routing_key=method.routing_key,
+            redelivered=bool(method.redelivered),
+            delivery_count=int(headers.get("x-delivery-count", 0)),
+            user_id=props.user_id,
+            reply_to=props.reply_to,
+            correlation_id=props.correlation_id,
+            timestamp=props.timestamp,
+            headers=headers,
+        )
+        tag = method.delivery_tag
+        try:
+            message = self._accepts.decode(props.type, body, queue=self.spec.name)
+        except MalformedMessage as err:
+            self._log.warning("bus.dead_letter_malformed", message_id=props.message_id,
+                              reason=str(err))
+            channel.basic_reject(tag, requeue=False)
+            return
+        session.unsettled.add(tag)
+        future = self._pool.submit(self._handle, message, delivery)
+        future.add_done_callback(partial(self._hand_back, session, tag, delivery))
+
+    def _hand_back(
+        self, session: _Session, tag: int, delivery: Delivery, future: Future[_Outcome]
+    ) -> None:
+        """Runs in the handler thread: pass the outcome to the connection thread."""
+        # If the connection is gone, the broker redelivers the unacked message.
+        with contextlib.suppress(pika.exceptions.ConnectionWrongStateError):
+            session.connection.add_callback_threadsafe(
+                partial(self._settle, session, tag, delivery, future)
+            )
+
+    def _settle(
+        self, session: _Session, tag: int, delivery: Delivery, future: Future[_Outcome]
+    ) -> None:
+        channel = session.channel
+        if not channel.is_open:
+            session.unsettled.discard(tag)
+            return
+        failed = future.cancelled() or future.exception() is not None
+        outcome = _Outcome(retry=True) if failed else future.result()
+        if outcome.reply is not None and delivery.reply_to:
+            reply = outcome.reply
+            channel.basic_publish(
+                "",
+                delivery.reply_to,
+                reply.SerializeToString(),
+                properties(reply, user_id=self._user_id, correlation_id=delivery.correlation_id),
+            )
+        if outcome.retry:
+            wait = self._redelivery.delay(delivery.delivery_count + 1)
+            session.connection.call_later(wait, partial(self._requeue, session, tag))
+            return
+        if outcome.dead_letter:
+            channel.basic_reject(tag, requeue=False)
+        else:
+            channel.basic_ack(tag)
+        session.unsettled.discard(tag)
+
+    @staticmethod
+    def _requeue(session: _Session, tag: int) -> None:
+        session.unsettled.discard(tag)
+        if session.channel.is_open:
+            session.channel.basic_nack(tag, requeue=True)
+
+    # handler thread ----------------------------------------------------------------------
+    def _handle(self, message: Message, delivery: Delivery) -> _Outcome:
+        bound = self._log.bind(message_id=delivery.message_id, type=delivery.type_name)
+        try:
+            reply = self._handler(message, delivery)
+        except FedhiveError as err:
+            if delivery.reply_to:
+                bound.info("bus.rpc_error_reply", code=err.code, error=str(err))
+                return _Outcome(reply=error_message(err))
+            bound.warning("bus.dead_letter_failed_command", code=err.code, error=str(err))
+            return _Outcome(dead_letter=True)
+        except Exception as err:  # transient by definition; the broker limits retries
+            bound.warning("bus.handler_failed", error=repr(err),
+                          delivery_count=delivery.delivery_count, exc_info=True)
+            return _Outcome(retry=True)
+        if delivery.reply_to:
+            return _Outcome(reply=reply if reply is not None else common_pb2.Ack())
+        return _Outcome()

@@ -1,0 +1,67 @@
+"""The bus port: what services and domain code see of messaging. `RabbitBus` is the adapter."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol, TypeVar
+
+from google.protobuf.message import Message
+
+from fedhive.bus.consumer import Handler
+from fedhive.errors import FedhiveError
+
+M = TypeVar("M", bound=Message)
+
+
+class Subscription(Protocol):
+    def stop(self) -> None:
+        """Stop consuming, let the running handler finish, release the connection."""
+
+
+class Bus(Protocol):
+    def declare_queue(self, queue: str, binding_keys: Sequence[str] = ()) -> None:
+        """Declare a command queue (and its dead-letter queue) without consuming from it."""
+
+    def send(self, queue: str, message: Message, *, message_id: str | None = None) -> str:
+        """A one-way command to `queue`, confirmed by the broker; returns the message id."""
+
+    def publish_event(
+        self, routing_key: str, message: Message, *, message_id: str | None = None
+    ) -> str:
+        """An event on the events exchange (e.g. `job.status.RUNNING`), confirmed by the broker;
+        returns the message id. An event no subscriber matches is dropped, not an error."""
+
+    def call(self, queue: str, request: Message, reply_type: type[M], *, timeout: float) -> M:
+        """RPC: raises `RpcTimeout`, `Unroutable` or the server's typed error."""
+
+    def call_many(
+        self, requests: Mapping[str, Message], reply_type: type[M], *, timeout: float
+    ) -> dict[str, M | FedhiveError]:
+        """RPC to several queues at once under one timeout: per queue the reply or the error."""
+
+    def serve(
+        self,
+        queue: str,
+        handler: Handler,
+        accepts: Iterable[type[Message]],
+        *,
+        binding_keys: Sequence[str] = (),
+        prefetch: int = 1,
+        concurrency: int = 1,
+    ) -> Subscription:
+        """Consume commands and RPC requests from `queue` (declared if needed); started."""
+
+    def subscribe(
+        self,
+        consumer: str,
+        patterns: Sequence[str],
+        handler: Handler,
+        accepts: Iterable[type[Message]],
+        *,
+        prefetch: int = 1,
+        concurrency: int = 1,
+    ) -> Subscription:
+        """Consume events matching `patterns` on the queue `Names.events_queue(consumer)`."""
+
+    def close(self) -> None:
+        """Stop every subscription and close every connection."""

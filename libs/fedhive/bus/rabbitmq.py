@@ -1,0 +1,138 @@
+"""`RabbitBus`: the bus port on RabbitMQ, built from `Settings` by a composition root."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeVar
+
+import pika
+from google.protobuf.message import Message
+
+from fedhive.bus.codec import TypeRegistry
+from fedhive.bus.connection import DEFAULT_HEARTBEAT, connect, connection_parameters
+from fedhive.bus.consumer import REDELIVERY, Consumer, Handler
+from fedhive.bus.publisher import REPUBLISH, Publisher
+from fedhive.bus.rpc import RpcClient
+from fedhive.bus.topology import DEFAULT_DELIVERY_LIMIT, QueueSpec, Topology
+from fedhive.config import Settings
+from fedhive.errors import FedhiveError
+from fedhive.names import Names
+from fedhive.retry import Backoff
+
+M = TypeVar("M", bound=Message)
+
+
+class RabbitBus:
+    """Publisher, RPC client and consumers of one process, each on its own connection.
+
+    `sign=True` stamps every message this bus sends (commands, events, RPC requests and
+    replies) with the AMQP `user_id` of the connection's user, which RabbitMQ verifies.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        name: str = "fedhive",
+        sign: bool = False,
+        delivery_limit: int = DEFAULT_DELIVERY_LIMIT,
+        heartbeat: int = DEFAULT_HEARTBEAT,
+        republish: Backoff = REPUBLISH,
+        redelivery: Backoff = REDELIVERY,
+    ) -> None:
+        self.names = Names(settings.namespace)
+        self.topology = Topology(self.names, delivery_limit=delivery_limit)
+        self._url = settings.amqp_url
+        self._name = f"{settings.namespace}.{name}"
+        self._heartbeat = heartbeat
+        self._sign = sign
+        self._redelivery = redelivery
+        self._republish = republish
+        self._publisher = Publisher(self._params("publisher"), self.topology, sign=sign,
+                                    backoff=republish)
+        self._rpc = RpcClient(self._params("rpc"), self.topology, sign=sign, backoff=republish)
+        self._consumers: list[Consumer] = []
+        self._lock = threading.Lock()
+
+    def _params(self, role: str) -> pika.URLParameters:
+        return connection_parameters(self._url, name=f"{self._name}.{role}",
+                                     heartbeat=self._heartbeat)
+
+    def declare_queue(self, queue: str, binding_keys: Sequence[str] = ()) -> None:
+        with connect(self._params("declare"), self._republish) as connection:
+            self.topology.declare_queue(
+                connection.channel(), self.topology.command_queue(queue, binding_keys)
+            )
+
+    def send(self, queue: str, message: Message, *, message_id: str | None = None) -> str:
+        return self._publisher.publish(self.names.cmd_exchange, queue, message,
+                                       message_id=message_id)
+
+    def publish_event(
+        self, routing_key: str, message: Message, *, message_id: str | None = None
+    ) -> str:
+        # An event is a broadcast: no subscriber yet is normal, not an error (commands are
+        # mandatory: a command nobody can receive raises Unroutable).
+        return self._publisher.publish(self.names.events_exchange, routing_key, message,
+                                       message_id=message_id, mandatory=False)
+
+    def call(self, queue: str, request: Message, reply_type: type[M], *, timeout: float) -> M:
+        return self._rpc.call(queue, request, reply_type, timeout=timeout)
+
+    def call_many(
+        self, requests: Mapping[str, Message], reply_type: type[M], *, timeout: float
+    ) -> dict[str, M | FedhiveError]:
+        return self._rpc.call_many(requests, reply_type, timeout=timeout)
+
+    def serve(
+        self,
+        queue: str,
+        handler: Handler,
+        accepts: Iterable[type[Message]],
+        *,
+        binding_keys: Sequence[str] = (),
+        prefetch: int = 1,
+        concurrency: int = 1,
+    ) -> Consumer:
+        spec = self.topology.command_queue(queue, binding_keys)
+        return self._start(spec, handler, accepts, prefetch, concurrency)
+
+    def subscribe(
+        self,
+        consumer: str,
+        patterns: Sequence[str],
+        handler: Handler,
+        accepts: Iterable[type[Message]],
+        *,
+        prefetch: int = 1,
+        concurrency: int = 1,
+    ) -> Consumer:
+        spec = self.topology.events_queue(consumer, patterns)
+        return self._start(spec, handler, accepts, prefetch, concurrency)
+
+    def _start(
+        self,
+        spec: QueueSpec,
+        handler: Handler,
+        accepts: Iterable[type[Message]],
+        prefetch: int,
+        concurrency: int,
+    ) -> Consumer:
+        consumer = Consumer(
+            self._params(f"consumer.{spec.name}"), self.topology, spec, handler,
+            TypeRegistry(accepts), prefetch=prefetch, concurrency=concurrency, sign=self._sign,
+            redelivery=self._redelivery,
+        )
+        consumer.start()
+        with self._lock:
+            self._consumers.append(consumer)
+        return consumer
+
+    def close(self) -> None:
+        with self._lock:
+            consumers, self._consumers = self._consumers, []
+        for consumer in consumers:
+            consumer.stop()
+        self._rpc.close()
+        self._publisher.close()

@@ -1,0 +1,217 @@
+"""RPC over RabbitMQ: requests to a command queue, replies through direct reply-to.
+
+Many threads may call at once. Requests and the reply consumer share one guarded connection;
+whichever waiting caller holds the lock services it for a short slice and files every reply it
+receives under its correlation id, so each caller finds its own. A request carries the caller's
+timeout as its AMQP expiration, so the broker drops it rather than let it be served late. If the
+connection drops, the next caller to take the lock reconnects and sends all outstanding
+requests again on the new channel (at-least-once; servers are idempotent by message_id).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pika
+import pika.exceptions
+import structlog
+from google.protobuf.message import Message
+
+from fedhive.bus.codec import ERROR_TYPE, error_from_message, parse
+from fedhive.bus.connection import CONNECTION_LOST, GuardedConnection, user_name
+from fedhive.bus.publisher import REPUBLISH, properties
+from fedhive.bus.topology import Topology
+from fedhive.errors import FedhiveError, MalformedMessage, RpcTimeout, Unavailable, Unroutable
+from fedhive.proto.v1 import common_pb2
+from fedhive.retry import Backoff
+
+log = structlog.get_logger()
+
+REPLY_TO = "amq.rabbitmq.reply-to"
+SLICE = 0.05  # seconds one caller services the connection before letting another in
+
+M = TypeVar("M", bound=Message)
+
+
+@dataclass(frozen=True)
+class _Request:
+    target: str
+    body: bytes
+    props: pika.BasicProperties
+
+
+class RpcClient:
+    def __init__(
+        self,
+        params: pika.URLParameters,
+        topology: Topology,
+        *,
+        sign: bool = False,
+        backoff: Backoff = REPUBLISH,
+    ) -> None:
+        self._topology = topology
+        self._exchange = topology.names.cmd_exchange
+        self._user_id = user_name(params) if sign else None
+        self._backoff = backoff
+        self._outstanding: dict[str, _Request] = {}  # by correlation id; guarded by the lock
+        self._generation = 0  # bumped per new channel; guarded by the lock
+        self._replies: dict[str, tuple[str, bytes] | FedhiveError] = {}
+        self._arrived = threading.Condition()  # guards _replies
+        self._conn = GuardedConnection(params, self._setup, backoff=backoff)
+
+    def call(self, target: str, request: Message, reply_type: type[M], *, timeout: float) -> M:
+        """Send `request` to queue `target`, wait for its reply.
+
+        Raises `RpcTimeout` (naming the queue and the timeout), `Unroutable` (no such queue),
+        or the typed error the server replied with.
+        """
+        result = self.call_many({target: request}, reply_type, timeout=timeout)[target]
+        if isinstance(result, FedhiveError):
+            raise result
+        return result
+
+    def call_many(
+        self, requests: Mapping[str, Message], reply_type: type[M], *, timeout: float
+    ) -> dict[str, M | FedhiveError]:
+        """Call several queues at once, waiting at most `timeout` in all.
+
+        Returns, per target, its reply or the error it ended with (never raises for one target).
+        """
+        deadline = time.monotonic() + timeout
+        results: dict[str, M | FedhiveError] = {}
+        pending: dict[str, str] = {}  # correlation id -> target
+        try:
+            for target, message in requests.items():
+                correlation_id = uuid.uuid4().hex
+                request = _Request(target, message.SerializeToString(), properties(
+                    message, user_id=self._user_id, reply_to=REPLY_TO,
+                    correlation_id=correlation_id, expiration_ms=max(1, math.ceil(timeout * 1000)),
+                ))
+                try:
+                    self._send(correlation_id, request)
+                except FedhiveError as err:
+                    results[target] = err
+                else:
+                    pending[correlation_id] = target
+            while pending and (left := deadline - time.monotonic()) > 0:
+                self._wait(min(left, SLICE))
+                with self._arrived:
+                    arrived = [c for c in pending if c in self._replies]
+                    for correlation_id in arrived:
+                        target = pending.pop(correlation_id)
+                        results[target] = self._decode(
+                            target, self._replies.pop(correlation_id), reply_type
+                        )
+        finally:
+            with self._conn.lock:
+                for correlation_id in pending:
+                    self._outstanding.pop(correlation_id, None)
+            with self._arrived:
+                for correlation_id in pending:
+                    self._replies.pop(correlation_id, None)
+        for target in pending.values():
+            results[target] = RpcTimeout(f"no reply from {target} within {timeout}s", field=target)
+        return results
+
+    def close(self) -> None:
+        self._conn.close()
+
+    # internals ----------------------------------------------------------------------------
+    def _setup(self, channel: Any) -> None:
+        """A new channel: consume replies, then resend what the old channel left unanswered."""
+        self._topology.declare_exchanges(channel)
+        channel.confirm_delivery()
+        channel.basic_consume(REPLY_TO, self._on_reply, auto_ack=True)
+        self._generation += 1
+        for correlation_id, request in list(self._outstanding.items()):
+            self._publish(channel, correlation_id, request)
+
+    def _send(self, correlation_id: str, request: _Request) -> None:
+        delays = self._backoff.delays()
+        while True:
+            with self._conn.lock:
+                self._outstanding[correlation_id] = request
+                try:
+                    generation = self._generation
+                    channel = self._conn.channel()
+                    if generation == self._generation:  # else _setup has just sent it
+                        self._publish(channel, correlation_id, request)
+                    return
+                except CONNECTION_LOST as err:
+                    self._conn.reset()
+                    error: BaseException = err
+                except FedhiveError:
+                    self._outstanding.pop(correlation_id, None)
+                    raise
+            wait = next(delays, None)
+            if wait is None:
+                self._outstanding.pop(correlation_id, None)
+                raise Unavailable(f"request to {request.target} not sent: {error!r}",
+                                  field=request.target) from error
+            time.sleep(wait)
+
+    def _publish(self, channel: Any, correlation_id: str, request: _Request) -> None:
+        try:
+            channel.basic_publish(self._exchange, request.target, request.body, request.props,
+                                  mandatory=True)
+        except pika.exceptions.UnroutableError:
+            self._outstanding.pop(correlation_id, None)
+            self._file(correlation_id, Unroutable(
+                f"no queue bound on exchange {self._exchange!r} for {request.target!r}",
+                field=request.target,
+            ))
+
+    def _wait(self, seconds: float) -> None:
+        """Service the connection for `seconds` if no other caller does, else wait for replies."""
+        if not self._conn.lock.acquire(blocking=False):
+            with self._arrived:
+                self._arrived.wait(seconds)
+            return
+        try:
+            self._conn.channel()
+            connection = self._conn.connection
+            if connection is not None:
+                connection.process_data_events(time_limit=seconds)
+        except CONNECTION_LOST as err:
+            log.info("bus.rpc_connection_lost", error=repr(err))
+            self._conn.reset()
+        except Unavailable as err:  # broker still away: callers time out on their own deadline
+            log.warning("bus.rpc_unavailable", error=str(err))
+        finally:
+            self._conn.lock.release()
+
+    def _on_reply(self, channel: Any, method: Any, props: Any, body: bytes) -> None:
+        if self._outstanding.pop(props.correlation_id, None) is None:
+            return  # the caller gave up already
+        self._file(props.correlation_id, (props.type or "", body))
+
+    def _file(self, correlation_id: str, reply: tuple[str, bytes] | FedhiveError) -> None:
+        with self._arrived:
+            self._replies[correlation_id] = reply
+            self._arrived.notify_all()
+
+    @staticmethod
+    def _decode(
+        target: str, reply: tuple[str, bytes] | FedhiveError, reply_type: type[M]
+    ) -> M | FedhiveError:
+        if isinstance(reply, FedhiveError):
+            return reply
+        name, body = reply
+        try:
+            if name == ERROR_TYPE:
+                return error_from_message(parse(common_pb2.Error, body, queue=target))
+            if name != reply_type.DESCRIPTOR.full_name:
+                raise MalformedMessage(
+                    f"reply from {target} is a {name or 'message without type'}, "
+                    f"expected {reply_type.DESCRIPTOR.full_name}",
+                    field="type",
+                )
+            return parse(reply_type, body, queue=target)
+        except MalformedMessage as err:
+            return err

@@ -1,0 +1,182 @@
+"""The bus port's contract: every implementation (the `bus` fixture) must pass this suite."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from google.protobuf.message import Message
+
+from fedhive.bus import Bus, Delivery
+from fedhive.errors import FedhiveError, NotFound, RpcTimeout, Unroutable
+from fedhive.names import Names
+from fedhive.proto.v1 import common_pb2, job_pb2, site_pb2
+from tests.fixtures.bus import job_id
+from tests.fixtures.infra import wait_for
+
+CHECK = [site_pb2.CheckResourcesRequest]
+
+
+def reserve(message: Message, delivery: Delivery) -> site_pb2.CheckResourcesReply:
+    assert isinstance(message, site_pb2.CheckResourcesRequest)
+    return site_pb2.CheckResourcesReply(ok=True, token=f"tok-{message.job_id}")
+
+
+def test_rpc_round_trip(bus: Bus, namespace: str) -> None:
+    queue = Names(namespace).site_queue("a")
+    seen: list[Delivery] = []
+
+    def handler(message: Message, delivery: Delivery) -> Message:
+        seen.append(delivery)
+        return reserve(message, delivery)
+
+    bus.serve(queue, handler, CHECK)
+    reply = bus.call(queue, site_pb2.CheckResourcesRequest(job_id="j1"),
+                     site_pb2.CheckResourcesReply, timeout=10)
+    assert reply == site_pb2.CheckResourcesReply(ok=True, token="tok-j1")
+    assert seen[0].type_name == "fedhive.v1.CheckResourcesRequest"
+    assert seen[0].message_id and len(seen[0].message_id) == 32
+    assert seen[0].queue == queue and seen[0].correlation_id
+
+
+def test_rpc_handler_returning_none_replies_ack(bus: Bus, namespace: str) -> None:
+    queue = Names(namespace).service_queue("job-runner")
+    bus.serve(queue, lambda message, delivery: None, [site_pb2.FreeResourcesRequest])
+    reply = bus.call(queue, site_pb2.FreeResourcesRequest(job_id="j"), common_pb2.Ack, timeout=10)
+    assert reply == common_pb2.Ack()
+
+
+def test_rpc_timeout_names_queue_and_timeout(bus: Bus, namespace: str) -> None:
+    queue = Names(namespace).site_queue("silent")
+    bus.declare_queue(queue)  # routable, but nobody serves it
+    with pytest.raises(RpcTimeout) as caught:
+        bus.call(queue, site_pb2.CheckResourcesRequest(job_id="j"),
+                 site_pb2.CheckResourcesReply, timeout=0.5)
+    assert queue in str(caught.value) and "0.5" in str(caught.value)
+    assert caught.value.field == queue
+
+
+def test_typed_error_reply_is_raised_on_the_client(bus: Bus, namespace: str) -> None:
+    queue = Names(namespace).service_queue("job-store")
+
+    def handler(message: Message, delivery: Delivery) -> Message:
+        raise NotFound("job 'j9' does not exist", field="job_id")
+
+    bus.serve(queue, handler, CHECK)
+    with pytest.raises(NotFound) as caught:
+        bus.call(queue, site_pb2.CheckResourcesRequest(job_id="j9"),
+                 site_pb2.CheckResourcesReply, timeout=10)
+    assert str(caught.value) == "job 'j9' does not exist"
+    assert caught.value.field == "job_id"
+    # the consumer is still serving after a domain error
+    bus.serve(Names(namespace).site_queue("ok"), reserve, CHECK)
+    assert bus.call(Names(namespace).site_queue("ok"), site_pb2.CheckResourcesRequest(job_id="x"),
+                    site_pb2.CheckResourcesReply, timeout=10).ok
+
+
+def test_parallel_calls_with_slow_and_absent_targets(bus: Bus, namespace: str) -> None:
+    names = Names(namespace)
+    fast, slow, absent = (names.site_queue(site) for site in ("fast", "slow", "gone"))
+    release = threading.Event()
+
+    def stuck(message: Message, delivery: Delivery) -> Message:
+        release.wait(30)
+        return reserve(message, delivery)
+
+    bus.serve(fast, reserve, CHECK)
+    bus.serve(slow, stuck, CHECK)
+    try:
+        requests = {q: site_pb2.CheckResourcesRequest(job_id="j") for q in (fast, slow, absent)}
+        results = bus.call_many(requests, site_pb2.CheckResourcesReply, timeout=1.0)
+    finally:
+        release.set()
+    assert results[fast] == site_pb2.CheckResourcesReply(ok=True, token="tok-j")
+    assert isinstance(results[slow], RpcTimeout) and slow in str(results[slow])
+    assert isinstance(results[absent], Unroutable) and absent in str(results[absent])
+
+
+def test_concurrent_callers_each_get_their_own_reply(bus: Bus, namespace: str) -> None:
+    queue = Names(namespace).site_queue("busy")
+    bus.serve(queue, reserve, CHECK, concurrency=4)
+    replies: dict[int, str] = {}
+
+    def caller(i: int) -> None:
+        replies[i] = bus.call(queue, site_pb2.CheckResourcesRequest(job_id=str(i)),
+                              site_pb2.CheckResourcesReply, timeout=20).token
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert replies == {i: f"tok-{i}" for i in range(8)}
+
+
+def test_unroutable_publish_raises(bus: Bus, namespace: str) -> None:
+    queue = Names(namespace).site_queue("nobody")
+    with pytest.raises(Unroutable) as caught:
+        bus.send(queue, site_pb2.AbortRequest(job_id="j"))
+    assert queue in str(caught.value) and f"{namespace}.cmd" in str(caught.value)
+
+
+def test_event_without_subscribers_is_not_an_error(bus: Bus) -> None:
+    assert len(bus.publish_event("job.status.RUNNING", job_pb2.JobStatusEvent())) == 32
+
+
+def test_commands_carry_message_id_and_are_acked_after_the_handler(
+    bus: Bus, namespace: str
+) -> None:
+    queue = Names(namespace).site_queue("cmd")
+    got: list[tuple[str, str | None]] = []
+    bus.serve(queue, lambda m, d: got.append((job_id(m), d.message_id)), [site_pb2.AbortRequest])
+    given = bus.send(queue, site_pb2.AbortRequest(job_id="j1"), message_id="idem-1")
+    generated = bus.send(queue, site_pb2.AbortRequest(job_id="j2"))
+    assert given == "idem-1" and len(generated) == 32
+    wait_for(lambda: len(got) == 2, what="both commands handled")
+    assert sorted(got) == [("j1", "idem-1"), ("j2", generated)]
+
+
+def test_event_subscription_with_topic_patterns(bus: Bus, namespace: str) -> None:
+    got: list[tuple[str, str]] = []
+
+    def handler(message: Message, delivery: Delivery) -> None:
+        got.append((delivery.routing_key, delivery.type_name))
+
+    bus.subscribe("watcher", ["job.status.*", "site.#"], handler,
+                  [job_pb2.JobStatusEvent, site_pb2.SiteHeartbeat])
+    bus.publish_event("job.status.RUNNING", job_pb2.JobStatusEvent(job_id="j"))
+    bus.publish_event("site.online", site_pb2.SiteHeartbeat(site="a"))
+    bus.publish_event("site.heartbeat.a", site_pb2.SiteHeartbeat(site="a"))
+    # `job.status.*` matches one word only: this one is dropped. The sentinel after it arrives
+    # last on the same queue, so once it is in, the dropped event would have been too.
+    bus.publish_event("job.status.FINISHED.COMPLETED", job_pb2.JobStatusEvent(job_id="j"))
+    bus.publish_event("job.status.FINISHED:COMPLETED", job_pb2.JobStatusEvent(job_id="j"))
+    wait_for(lambda: len(got) == 4, what="four matching events")
+    assert sorted(got) == [
+        ("job.status.FINISHED:COMPLETED", "fedhive.v1.JobStatusEvent"),
+        ("job.status.RUNNING", "fedhive.v1.JobStatusEvent"),
+        ("site.heartbeat.a", "fedhive.v1.SiteHeartbeat"),
+        ("site.online", "fedhive.v1.SiteHeartbeat"),
+    ]
+
+
+def test_declaring_twice_is_a_no_op(bus: Bus, namespace: str) -> None:
+    queue = Names(namespace).service_queue("scheduler")
+    bus.declare_queue(queue)
+    bus.declare_queue(queue)
+    got: list[str] = []
+    bus.serve(queue, lambda m, d: got.append(job_id(m)), [site_pb2.AbortRequest])  # declares again
+    bus.send(queue, site_pb2.AbortRequest(job_id="j"))
+    wait_for(lambda: got == ["j"], what="the command on the twice-declared queue")
+
+
+def test_errors_cross_as_fedhive_errors(bus: Bus, namespace: str) -> None:
+    queue = Names(namespace).site_queue("err")
+
+    def handler(message: Message, delivery: Delivery) -> Message:
+        raise FedhiveError("plain failure")
+
+    bus.serve(queue, handler, CHECK)
+    with pytest.raises(FedhiveError, match="plain failure") as caught:
+        bus.call(queue, site_pb2.CheckResourcesRequest(), site_pb2.CheckResourcesReply, timeout=10)
+    assert type(caught.value) is FedhiveError

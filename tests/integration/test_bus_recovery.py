@@ -1,0 +1,123 @@
+"""RabbitMQ adapter: connections closed by the broker, and heartbeats during long handlers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from google.protobuf.message import Message
+
+from fedhive.bus import Delivery, RabbitBus
+from fedhive.names import Names
+from fedhive.proto.v1 import site_pb2
+from tests.fixtures.bus import Broker, job_id
+from tests.fixtures.infra import wait_for
+
+ABORT = [site_pb2.AbortRequest]
+
+
+def test_confirmed_publishes_survive_connections_closed_mid_stream(
+    make_bus: Callable[..., RabbitBus], broker: Broker, namespace: str
+) -> None:
+    bus = make_bus()
+    queue = Names(namespace).site_queue("stream")
+    received: set[str] = set()
+    lock = threading.Lock()
+
+    def handler(message: Message, delivery: Delivery) -> None:
+        with lock:
+            received.add(delivery.message_id or "")
+
+    bus.serve(queue, handler, ABORT, prefetch=20)
+    sent: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def publish() -> None:  # publishes until told to stop, across the close
+        try:
+            while not stop.is_set():
+                sent.append(bus.send(queue, site_pb2.AbortRequest(job_id=str(len(sent)))))
+        except BaseException as err:
+            errors.append(err)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        wait_for(lambda: len(sent) >= 30, what="publishing to be under way")
+        assert broker.close_connections() == 2  # the publisher's and the consumer's
+        after_close = len(sent)
+        wait_for(lambda: len(sent) >= after_close + 30 or errors, timeout=30,
+                 what="publishing to go on after the close")
+    finally:
+        stop.set()
+        publisher.join(60)
+    assert errors == []
+    wait_for(lambda: received >= set(sent), timeout=30, what="every confirmed message consumed")
+
+
+def test_consumer_and_rpc_resume_after_the_broker_closes_connections(
+    make_bus: Callable[..., RabbitBus], broker: Broker, namespace: str
+) -> None:
+    bus = make_bus()
+    names = Names(namespace)
+    commands, rpc = names.site_queue("cmds"), names.site_queue("rpc")
+    got: list[str] = []
+    consumer = bus.serve(commands, lambda m, d: got.append(job_id(m)), ABORT)
+    bus.serve(rpc, lambda m, d: site_pb2.CheckResourcesReply(ok=True, token=job_id(m)),
+              [site_pb2.CheckResourcesRequest])
+    bus.send(commands, site_pb2.AbortRequest(job_id="before"))
+    wait_for(lambda: got == ["before"], what="the first command")
+    assert broker.close_connections() == 3  # two consumers and the publisher
+    wait_for(lambda: not consumer.consuming, what="the consumer to notice")
+    bus.send(commands, site_pb2.AbortRequest(job_id="after"))
+    wait_for(lambda: got == ["before", "after"], timeout=20, what="the command after the close")
+    assert consumer.consuming
+    reply = bus.call(rpc, site_pb2.CheckResourcesRequest(job_id="r"),
+                     site_pb2.CheckResourcesReply, timeout=20)
+    assert reply.token == "r"
+
+
+def test_rpc_in_flight_survives_a_close(
+    make_bus: Callable[..., RabbitBus], broker: Broker, namespace: str
+) -> None:
+    server, client = make_bus(name="server"), make_bus(name="client")
+    queue = Names(namespace).site_queue("inflight")
+    entered, release = threading.Event(), threading.Event()
+
+    def handler(message: Message, delivery: Delivery) -> Message:
+        entered.set()
+        release.wait(30)
+        return site_pb2.CheckResourcesReply(ok=True, token=job_id(message))
+
+    server.serve(queue, handler, [site_pb2.CheckResourcesRequest])
+    result: list[str] = []
+    caller = threading.Thread(target=lambda: result.append(client.call(
+        queue, site_pb2.CheckResourcesRequest(job_id="x"), site_pb2.CheckResourcesReply,
+        timeout=30).token))
+    caller.start()
+    assert entered.wait(10)
+    assert broker.close_connections() == 2  # the reply channel of the request is gone
+    release.set()
+    caller.join(40)
+    assert result == ["x"]  # the request was resent on the new channel and answered
+
+
+def test_heartbeats_flow_while_a_handler_runs_long(
+    make_bus: Callable[..., RabbitBus], broker: Broker, namespace: str
+) -> None:
+    bus = make_bus(heartbeat=1)  # the broker drops a connection after ~2 silent heartbeats
+    queue = Names(namespace).site_queue("long")
+    deliveries: list[bool] = []
+    finished = threading.Event()
+
+    def handler(message: Message, delivery: Delivery) -> None:
+        deliveries.append(delivery.redelivered)
+        threading.Event().wait(4)  # the simulated long piece of work
+        finished.set()
+
+    consumer = bus.serve(queue, handler, ABORT)
+    bus.send(queue, site_pb2.AbortRequest(job_id="slow"))
+    assert finished.wait(20)
+    consumer.stop()  # an unacked message would go back to the queue now
+    assert deliveries == [False]  # delivered once: the connection never dropped
+    assert broker.drain(queue) == []  # and acked

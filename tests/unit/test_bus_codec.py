@@ -1,0 +1,82 @@
+"""Pure parts of the bus: the type registry, error translation, parameters and queue specs."""
+
+from __future__ import annotations
+
+import ssl
+
+import pytest
+
+from fedhive.bus.codec import TypeRegistry, error_from_message, error_message, type_name
+from fedhive.bus.connection import connection_parameters, user_name
+from fedhive.bus.topology import Topology
+from fedhive.errors import FedhiveError, MalformedMessage, NotFound, RpcTimeout
+from fedhive.names import Names
+from fedhive.proto.v1 import common_pb2, site_pb2
+
+
+def test_registry_decodes_the_types_it_accepts() -> None:
+    registry = TypeRegistry([site_pb2.DeployRequest, site_pb2.AbortRequest])
+    body = site_pb2.DeployRequest(job_id="j", app_name="app").SerializeToString()
+    decoded = registry.decode("fedhive.v1.DeployRequest", body, queue="q")
+    assert decoded == site_pb2.DeployRequest(job_id="j", app_name="app")
+    assert type_name(decoded) == "fedhive.v1.DeployRequest"
+    assert registry.names() == ["fedhive.v1.AbortRequest", "fedhive.v1.DeployRequest"]
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "reason"),
+    [
+        (None, b"", "has no type property"),
+        ("", b"", "has no type property"),
+        ("fedhive.v1.StartRequest", b"", "'fedhive.v1.StartRequest' is not accepted on q"),
+        ("fedhive.v1.DeployRequest", b"\xff\xff\xff", "does not parse"),
+    ],
+)
+def test_registry_rejects_malformed_messages_with_a_reason(
+    name: str | None, body: bytes, reason: str
+) -> None:
+    with pytest.raises(MalformedMessage, match=reason) as caught:
+        TypeRegistry([site_pb2.DeployRequest]).decode(name, body, queue="q")
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [NotFound("job 'x' does not exist", field="job_id"), RpcTimeout("late"), FedhiveError("x")],
+)
+def test_errors_round_trip_through_the_error_message(error: FedhiveError) -> None:
+    wire = common_pb2.Error.FromString(error_message(error).SerializeToString())
+    back = error_from_message(wire)
+    assert type(back) is type(error)
+    assert (back.message, back.field) == (error.message, error.field)
+
+
+def test_unknown_error_code_becomes_the_root_error() -> None:
+    back = error_from_message(common_pb2.Error(code="FROM_THE_FUTURE", message="m"))
+    assert type(back) is FedhiveError and back.field is None
+
+
+def test_amqps_url_verifies_the_server_by_its_host_name() -> None:
+    params = connection_parameters("amqps://u:p@b-1.mq.example.com:5671/%2F", name="t.pub")
+    assert params.ssl_options is not None
+    assert params.ssl_options.server_hostname == "b-1.mq.example.com"
+    assert params.ssl_options.context.verify_mode == ssl.CERT_REQUIRED
+    assert params.client_properties == {"connection_name": "t.pub"}
+    assert user_name(params) == "u"
+
+
+def test_amqp_url_has_no_tls() -> None:
+    params = connection_parameters("amqp://guest:guest@127.0.0.1:5672/%2F", name="t", heartbeat=7)
+    assert params.ssl_options is None and params.heartbeat == 7
+
+
+def test_queue_specs_bind_by_name_and_patterns() -> None:
+    topology = Topology(Names("ns"), delivery_limit=2)
+    spec = topology.command_queue("ns.site.a", ["ns.site.*"])
+    assert (spec.exchange, spec.binding_keys) == ("ns.cmd", ("ns.site.a", "ns.site.*"))
+    events = topology.events_queue("scheduler", ["job.status.*"])
+    assert (events.name, events.exchange) == ("ns.events.scheduler", "ns.events")
+    with pytest.raises(ValueError, match="at least one pattern"):
+        topology.events_queue("x", [])
+    with pytest.raises(ValueError, match="delivery_limit"):
+        Topology(Names("ns"), delivery_limit=0)

@@ -78,8 +78,19 @@ class Names:
         return self.key("idem", scope, message_id)
 
     # S3 -------------------------------------------------------------------------------------
-    def job_archive_key(self, job_id: str) -> str:
-        return f"{self.ns}/jobs/{job_id}/job.zip"
+    def job_prefix(self, job_id: str) -> str:
+        """Everything S3 holds for one job; deleting the job deletes this prefix."""
+        return f"{self.ns}/jobs/{job_id}/"
+
+    def job_definition_key(self, job_id: str) -> str:
+        return f"{self.job_prefix(job_id)}definition.zip"
+
+    def job_result_key(self, job_id: str) -> str:
+        return f"{self.job_prefix(job_id)}result.zip"
+
+    def staging_key(self, upload_id: str) -> str:
+        """Where the gateway stages an uploaded archive before the job-store accepts it."""
+        return f"{self.ns}/staging/{upload_id}.zip"
 
     def tensor_prefix(self, scope: str) -> str:
         """Where a job's (or a test's) tensor objects live: `{ns}/tensors/{scope}/`."""

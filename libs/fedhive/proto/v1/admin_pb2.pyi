@@ -27,18 +27,22 @@ class SubmitJobChunk(_message.Message):
 
     DATA_FIELD_NUMBER: _builtins.int
     QUEUE_ANYWAY_FIELD_NUMBER: _builtins.int
+    SUBMISSION_ID_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
     queue_anyway: _builtins.bool
     """queue even if no registered site could ever run it"""
+    submission_id: _builtins.str
+    """client-chosen: a repeated submit with the same content is one job"""
     def __init__(
         self,
         *,
         data: _builtins.bytes = ...,
         queue_anyway: _builtins.bool = ...,
+        submission_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "queue_anyway", b"queue_anyway"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "queue_anyway", b"queue_anyway", "submission_id", b"submission_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -49,15 +53,19 @@ class SubmitJobReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
+    EXISTED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    existed: _builtins.bool
+    """the submission id was seen before with the same content"""
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
+        existed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["existed", b"existed", "job_id", b"job_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -65,27 +73,36 @@ Global___SubmitJobReply: _TypeAlias = SubmitJobReply  # noqa: Y015
 
 @_typing.final
 class ListJobsRequest(_message.Message):
+    """Newest first. Every filter is optional; they combine with AND."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     STATUSES_FIELD_NUMBER: _builtins.int
-    NAME_PREFIX_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
-    name_prefix: _builtins.str
+    SUBMITTER_FIELD_NUMBER: _builtins.int
+    ID_PREFIX_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """substring of the job name"""
     limit: _builtins.int
+    """0: the server's default page size"""
+    submitter: _builtins.str
+    """exact submitter name"""
+    id_prefix: _builtins.str
     @_builtins.property
-    def statuses(self) -> _containers.RepeatedScalarFieldContainer[_job_pb2.JobStatus.ValueType]:
-        """empty: all"""
-
+    def statuses(self) -> _containers.RepeatedScalarFieldContainer[_job_pb2.JobStatus.ValueType]: ...
     def __init__(
         self,
         *,
         statuses: _abc.Iterable[_job_pb2.JobStatus.ValueType] | None = ...,
-        name_prefix: _builtins.str = ...,
+        name: _builtins.str = ...,
         limit: _builtins.int = ...,
+        submitter: _builtins.str = ...,
+        id_prefix: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "name_prefix", b"name_prefix", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id_prefix", b"id_prefix", "limit", b"limit", "name", b"name", "statuses", b"statuses", "submitter", b"submitter"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -71,6 +71,11 @@ class AdminServiceStub:
                 request_serializer=fedhive_dot_v1_dot_admin__pb2.DownloadJobRequest.SerializeToString,
                 response_deserializer=fedhive_dot_v1_dot_admin__pb2.DataChunk.FromString,
                 _registered_method=True)
+        self.WatchJob = channel.unary_stream(
+                '/fedhive.v1.AdminService/WatchJob',
+                request_serializer=fedhive_dot_v1_dot_admin__pb2.GetJobRequest.SerializeToString,
+                response_deserializer=fedhive_dot_v1_dot_job__pb2.JobRecord.FromString,
+                _registered_method=True)
         self.ListSites = channel.unary_unary(
                 '/fedhive.v1.AdminService/ListSites',
                 request_serializer=fedhive_dot_v1_dot_admin__pb2.ListSitesRequest.SerializeToString,
@@ -124,6 +129,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchJob(self, request, context):
+        """Status changes of one job, starting with its current record, until it is final.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListSites(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -167,6 +179,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DownloadJob,
                     request_deserializer=fedhive_dot_v1_dot_admin__pb2.DownloadJobRequest.FromString,
                     response_serializer=fedhive_dot_v1_dot_admin__pb2.DataChunk.SerializeToString,
+            ),
+            'WatchJob': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchJob,
+                    request_deserializer=fedhive_dot_v1_dot_admin__pb2.GetJobRequest.FromString,
+                    response_serializer=fedhive_dot_v1_dot_job__pb2.JobRecord.SerializeToString,
             ),
             'ListSites': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSites,
@@ -363,6 +380,33 @@ class AdminService:
             '/fedhive.v1.AdminService/DownloadJob',
             fedhive_dot_v1_dot_admin__pb2.DownloadJobRequest.SerializeToString,
             fedhive_dot_v1_dot_admin__pb2.DataChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fedhive.v1.AdminService/WatchJob',
+            fedhive_dot_v1_dot_admin__pb2.GetJobRequest.SerializeToString,
+            fedhive_dot_v1_dot_job__pb2.JobRecord.FromString,
             options,
             channel_credentials,
             insecure,

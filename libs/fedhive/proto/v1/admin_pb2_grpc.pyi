@@ -41,6 +41,8 @@ class AdminServiceStub:
     CloneJob: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CloneJobRequest, _admin_pb2.SubmitJobReply]
     DeleteJob: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteJobRequest, _admin_pb2.DeleteJobReply]
     DownloadJob: _grpc.UnaryStreamMultiCallable[_admin_pb2.DownloadJobRequest, _admin_pb2.DataChunk]
+    WatchJob: _grpc.UnaryStreamMultiCallable[_admin_pb2.GetJobRequest, _job_pb2.JobRecord]
+    """Status changes of one job, starting with its current record, until it is final."""
     ListSites: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListSitesRequest, _admin_pb2.ListSitesReply]
 
 @_typing.type_check_only
@@ -54,6 +56,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     CloneJob: _aio.UnaryUnaryMultiCallable[_admin_pb2.CloneJobRequest, _admin_pb2.SubmitJobReply]  # type: ignore[assignment]
     DeleteJob: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteJobRequest, _admin_pb2.DeleteJobReply]  # type: ignore[assignment]
     DownloadJob: _aio.UnaryStreamMultiCallable[_admin_pb2.DownloadJobRequest, _admin_pb2.DataChunk]  # type: ignore[assignment]
+    WatchJob: _aio.UnaryStreamMultiCallable[_admin_pb2.GetJobRequest, _job_pb2.JobRecord]  # type: ignore[assignment]
+    """Status changes of one job, starting with its current record, until it is final."""
     ListSites: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListSitesRequest, _admin_pb2.ListSitesReply]  # type: ignore[assignment]
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -106,6 +110,14 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.DownloadJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_admin_pb2.DataChunk], _abc.AsyncIterator[_admin_pb2.DataChunk]]: ...
+
+    @_abc_1.abstractmethod
+    def WatchJob(
+        self,
+        request: _admin_pb2.GetJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_job_pb2.JobRecord], _abc.AsyncIterator[_job_pb2.JobRecord]]:
+        """Status changes of one job, starting with its current record, until it is final."""
 
     @_abc_1.abstractmethod
     def ListSites(

@@ -1,8 +1,52 @@
-"""What every service's `main()` shares before its own issue gives it a loop: a usage line."""
+"""What every service's `main()` shares: settings, logging, signals and a clean shutdown.
+
+A service's composition root is a `build(settings, log)` function that creates its ports and
+consumers, starts them and returns something with `close()`. `run()` calls it, then waits for
+SIGTERM or SIGINT and closes it. A `FedhiveError` at start (bad settings, bad config file) ends
+the process with one line on stderr and exit code 2, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, NoReturn, Protocol
+
+from fedhive.config import Settings
+from fedhive.errors import FedhiveError
+from fedhive.logging import configure
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+def run(
+    service: str,
+    build: Callable[[Settings, Any], Closeable],
+    *,
+    settings: Settings | None = None,
+) -> NoReturn:
+    """Run a service until SIGTERM/SIGINT; exit 0 after a clean shutdown, 2 if it cannot start."""
+    try:
+        settings = settings or Settings.from_env()
+        log = configure(service, level=settings.log_level, json=True)
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        running = build(settings, log)
+    except FedhiveError as err:
+        print(f"{service}: {err}", file=sys.stderr)
+        sys.exit(2)
+    log.info("service.started")
+    stop.wait()
+    log.info("service.stopping")
+    running.close()
+    log.info("service.stopped")
+    sys.exit(0)
 
 
 def usage_only(command: str, summary: str, issue: int) -> None:

@@ -280,16 +280,44 @@ class ListSitesRequest(_message.Message):
 Global___ListSitesRequest: _TypeAlias = ListSitesRequest  # noqa: Y015
 
 @_typing.final
+class SiteInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LAST_HEARTBEAT_FIELD_NUMBER: _builtins.int
+    ONLINE_FIELD_NUMBER: _builtins.int
+    online: _builtins.bool
+    """a heartbeat arrived within the liveness window"""
+    @_builtins.property
+    def last_heartbeat(self) -> _site_pb2.SiteHeartbeat:
+        """its sent_at_ms is when the site was last seen"""
+
+    def __init__(
+        self,
+        *,
+        last_heartbeat: _site_pb2.SiteHeartbeat | None = ...,
+        online: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_heartbeat", b"last_heartbeat"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_heartbeat", b"last_heartbeat", "online", b"online"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SiteInfo: _TypeAlias = SiteInfo  # noqa: Y015
+
+@_typing.final
 class ListSitesReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SITES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def sites(self) -> _containers.RepeatedCompositeFieldContainer[_site_pb2.SiteHeartbeat]: ...
+    def sites(self) -> _containers.RepeatedCompositeFieldContainer[Global___SiteInfo]:
+        """every site that ever registered, by name"""
+
     def __init__(
         self,
         *,
-        sites: _abc.Iterable[_site_pb2.SiteHeartbeat] | None = ...,
+        sites: _abc.Iterable[Global___SiteInfo] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...

@@ -44,6 +44,23 @@ class Names:
     def dead_letter_queue(queue: str) -> str:
         return f"{queue}.dlq"
 
+    # Event routing keys (events exchange) ----------------------------------------------------
+    # What a site publishes starts with `site.<site>.`, so per-site broker topic permissions
+    # can allow exactly `^site\.<user>\.`; what the registry derives from them is `site.online`
+    # and `site.offline` (two words), which no site may publish.
+    @staticmethod
+    def site_event(site: str, kind: str) -> str:
+        """`kind`: `heartbeat` (periodic SiteHeartbeat), `online` (agent started), `offline`
+        (clean shutdown), `job` (a running client job's JobHeartbeat)."""
+        return f"site.{site}.{kind}"
+
+    SITE_ONLINE = "site.online"  # published by the heartbeat intake on a registry transition
+    SITE_OFFLINE = "site.offline"
+
+    @staticmethod
+    def job_status_event(status: str) -> str:
+        return f"job.status.{status}"
+
     # Redis ----------------------------------------------------------------------------------
     def key(self, *parts: str) -> str:
         return ":".join((self.ns, *parts))

@@ -1,0 +1,77 @@
+"""The blobs port: what domain code and the tensor codec see of object storage.
+
+`RangeFetcher` is the one download primitive (fill caller-owned buffers from a byte range of an
+object). The credentialed `BlobStore` implements it through the S3 API; processes without S3
+credentials (trainers, sites) use `fedhive.blobs.http.PresignedFetcher`, which reads the
+presigned URL carried by the ref.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+Bytes = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class PresignedUrl:
+    url: str
+    expires_at_ms: int  # unix epoch milliseconds
+
+
+@dataclass(frozen=True)
+class BlobLocation:
+    """An object as a reader knows it: its key (always, for errors) and, maybe, a presigned GET."""
+
+    key: str
+    url: str = ""
+
+
+class RangeFetcher(Protocol):
+    def fetch_range(self, where: BlobLocation, offset: int, dests: Sequence[memoryview]) -> None:
+        """Fill `dests` in order with the object's bytes from `offset` on, or raise.
+
+        Raises BlobNotFound, BlobAccessDenied, InvalidArgument (range outside the object) or,
+        once retries are spent, Unavailable. Never leaves a failure looking like data.
+        """
+        ...
+
+
+class BlobStore(RangeFetcher, Protocol):
+    """Credentialed object storage: one bucket, keys chosen by the caller (see `Names`)."""
+
+    @property
+    def bucket(self) -> str: ...
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket if it is missing; safe to call any number of times."""
+        ...
+
+    def put(self, key: str, body: Bytes | Sequence[Bytes]) -> None:
+        """Store the concatenation of `body` (one buffer or several); large bodies go multipart,
+        streamed from the buffers without a joined copy."""
+        ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def read_into(self, key: str, dest: memoryview, offset: int = 0) -> None:
+        """Parallel ranged download of `len(dest)` bytes from `offset` straight into `dest`."""
+        ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def size(self, key: str) -> int: ...
+
+    def delete(self, key: str) -> None:
+        """Delete `key`; deleting a missing key is not an error."""
+        ...
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under `prefix`; returns how many were deleted."""
+        ...
+
+    def presign_get(self, key: str, expires_in: int) -> PresignedUrl: ...
+
+    def presign_put(self, key: str, expires_in: int) -> PresignedUrl: ...

@@ -1,0 +1,334 @@
+"""The S3 adapter of the blobs port (boto3), built from `Settings`.
+
+Retries: botocore's own retries are switched off so that every transient failure (connection
+reset, 5xx, throttling) goes through the one policy, `fedhive.retry.Backoff`, per request (one
+part, one range), not per whole transfer.
+
+Checksums: botocore's CRC32 request/response checksums are off ("when_required"). Tensor
+bytes carry a sha256 verified end to end by the codec (S3's whole-object checksums cannot cover
+a ranged read of a shard anyway), and on plain-HTTP endpoints SigV4 still hashes each payload.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
+
+import boto3
+import structlog
+from botocore.config import Config
+from botocore.exceptions import (
+    ClientError,
+    ConnectionError,
+    HTTPClientError,
+    IncompleteReadError,
+    ResponseStreamingError,
+)
+
+from fedhive.blobs.failures import s3_failure
+from fedhive.blobs.port import BlobLocation, Bytes, PresignedUrl
+from fedhive.blobs.transfer import (
+    GatherReader,
+    MiB,
+    Segment,
+    body_views,
+    fill,
+    plan_reads,
+    run_reads,
+    slice_views,
+)
+from fedhive.config import Settings
+from fedhive.errors import AlreadyExists, BlobNotFound, FedhiveError, InvalidArgument, Unavailable
+from fedhive.retry import Backoff
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import CompletedPartTypeDef
+
+T = TypeVar("T")
+log = structlog.get_logger()
+
+_TRANSIENT = (
+    ConnectionError, HTTPClientError, ResponseStreamingError, IncompleteReadError, OSError
+)
+_MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
+_MAX_EXPIRY = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
+
+
+def _stream(views: list[memoryview]) -> IO[bytes]:
+    """An upload body streamed from the caller's buffers (botocore reads it in small blocks)."""
+    return cast(IO[bytes], GatherReader(views))
+
+
+class S3BlobStore:
+    """`BlobStore` over one S3 bucket. Thread-safe; `close()` releases its connections."""
+
+    def __init__(
+        self,
+        client: S3Client,
+        bucket: str,
+        *,
+        region: str = "us-east-1",
+        workers: int = 8,
+        part_size: int = 8 * MiB,
+        multipart_threshold: int = 16 * MiB,  # = the codec's own-object threshold
+        read_part_size: int = 8 * MiB,
+        backoff: Backoff | None = None,
+    ) -> None:
+        if part_size < 5 * MiB:
+            raise InvalidArgument("S3 multipart parts must be at least 5 MiB", field="part_size")
+        self._client = client
+        self._bucket = bucket
+        self._region = region
+        self._workers = workers
+        self._part_size = part_size
+        self._multipart_threshold = max(multipart_threshold, part_size)
+        self._read_part_size = read_part_size
+        self._backoff = backoff or Backoff()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **options: Any) -> S3BlobStore:
+        """`s3_endpoint_url` None means AWS (virtual-hosted addressing); a custom endpoint
+        (SeaweedFS, MinIO) gets path-style addressing. Credentials: the explicit ones in
+        `settings` when set, else boto3's default chain."""
+        workers = int(options.get("workers", 8))
+        session = boto3.session.Session(
+            aws_access_key_id=settings.aws_access_key_id,
+            aws_secret_access_key=settings.aws_secret_access_key,
+            aws_session_token=settings.aws_session_token,
+            region_name=settings.s3_region,
+        )
+        config = Config(
+            signature_version="s3v4",
+            s3={"addressing_style": "path" if settings.s3_endpoint_url else "auto"},
+            retries={"total_max_attempts": 1},
+            max_pool_connections=max(10, 2 * workers),
+            connect_timeout=10,
+            read_timeout=60,
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        client = session.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
+        return cls(client, settings.s3_bucket, region=settings.s3_region, **options)
+
+    @property
+    def bucket(self) -> str:
+        return self._bucket
+
+    def close(self) -> None:
+        self._client.close()
+
+    # --- bucket and objects --------------------------------------------------------------------
+    def ensure_bucket(self) -> None:
+        try:
+            self._call(
+                "checking", self._bucket, lambda: self._client.head_bucket(Bucket=self._bucket)
+            )
+            return
+        except BlobNotFound:
+            pass
+        try:
+            if self._region == "us-east-1":
+                self._client.create_bucket(Bucket=self._bucket)
+            else:
+                self._client.create_bucket(
+                    Bucket=self._bucket,
+                    CreateBucketConfiguration={"LocationConstraint": self._region},  # type: ignore[typeddict-item]
+                )
+            log.info("bucket created", bucket=self._bucket)
+        except ClientError as err:
+            code = err.response.get("Error", {}).get("Code", "")
+            if code == "BucketAlreadyExists":
+                raise AlreadyExists(
+                    f"bucket {self._bucket} belongs to another account", field=self._bucket
+                ) from err
+            if code != "BucketAlreadyOwnedByYou":  # a concurrent creator won the race: fine
+                raise self._translate(err, "creating", self._bucket) from err
+
+    def put(self, key: str, body: Bytes | Sequence[Bytes]) -> None:
+        views = body_views(body)
+        total = sum(len(v) for v in views)
+        if total < self._multipart_threshold:
+            self._call(
+                "writing",
+                key,
+                lambda: self._client.put_object(
+                    Bucket=self._bucket, Key=key, Body=_stream(views)
+                ),
+            )
+        else:
+            self._put_multipart(key, views, total)
+
+    def get(self, key: str) -> bytes:
+        def once() -> bytes:
+            body = self._client.get_object(Bucket=self._bucket, Key=key)["Body"]
+            try:
+                return body.read()
+            finally:
+                body.close()
+
+        return self._call("reading", key, once)
+
+    def read_into(self, key: str, dest: memoryview, offset: int = 0) -> None:
+        reads = plan_reads([Segment(BlobLocation(key), offset, dest)], self._read_part_size)
+        run_reads(self, reads, self._workers)
+
+    def fetch_range(self, where: BlobLocation, offset: int, dests: Sequence[memoryview]) -> None:
+        total = sum(len(d) for d in dests)
+        if total == 0:
+            return
+
+        def once() -> None:
+            answer = self._client.get_object(
+                Bucket=self._bucket, Key=where.key, Range=f"bytes={offset}-{offset + total - 1}"
+            )
+            body = answer["Body"]
+            try:
+                if answer["ContentLength"] != total:
+                    raise InvalidArgument(
+                        f"reading blob {where.key}: bytes {offset}-{offset + total - 1} "
+                        "lie outside the object",
+                        field=where.key,
+                    )
+                fill(cast(Callable[[memoryview], int], body.readinto), dests, where.key)
+            finally:
+                body.close()
+
+        self._call("reading", where.key, once)
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.size(key)
+        except BlobNotFound:
+            return False
+        return True
+
+    def size(self, key: str) -> int:
+        head = self._call(
+            "checking", key, lambda: self._client.head_object(Bucket=self._bucket, Key=key)
+        )
+        return int(head["ContentLength"])
+
+    def delete(self, key: str) -> None:
+        self._call(
+            "deleting", key, lambda: self._client.delete_object(Bucket=self._bucket, Key=key)
+        )
+
+    def delete_prefix(self, prefix: str) -> int:
+        if not prefix:
+            raise InvalidArgument("refusing to delete a whole bucket: empty prefix", field="prefix")
+        deleted = 0
+        pages = self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self._bucket, Prefix=prefix
+        )
+        for page in pages:
+            keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+            if not keys:
+                continue
+            answer = self._call(
+                "deleting",
+                prefix,
+                lambda keys=keys: self._client.delete_objects(  # type: ignore[misc]
+                    Bucket=self._bucket, Delete={"Objects": keys, "Quiet": True}
+                ),
+            )
+            errors = answer.get("Errors", [])
+            if errors:
+                first = errors[0]
+                raise FedhiveError(
+                    f"deleting blob {first.get('Key')}: {first.get('Code')} {first.get('Message')}",
+                    field=first.get("Key"),
+                )
+            deleted += len(keys)
+        return deleted
+
+    def presign_get(self, key: str, expires_in: int) -> PresignedUrl:
+        return self._presign("get_object", key, expires_in)
+
+    def presign_put(self, key: str, expires_in: int) -> PresignedUrl:
+        return self._presign("put_object", key, expires_in)
+
+    # --- internals -----------------------------------------------------------------------------
+    def _presign(self, method: str, key: str, expires_in: int) -> PresignedUrl:
+        if not 1 <= expires_in <= _MAX_EXPIRY:
+            raise InvalidArgument(
+                f"presigned URL expiry {expires_in}s is outside 1..{_MAX_EXPIRY}s",
+                field="expires_in",
+            )
+        expires_at_ms = int(time.time() * 1000) + expires_in * 1000
+        url = self._client.generate_presigned_url(
+            method, Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=expires_in
+        )
+        return PresignedUrl(url, expires_at_ms)
+
+    def _put_multipart(self, key: str, views: list[memoryview], total: int) -> None:
+        part_size = max(self._part_size, -(-total // _MAX_PARTS))
+        bounds = [
+            (number, start, min(start + part_size, total))
+            for number, start in enumerate(range(0, total, part_size), start=1)
+        ]
+        upload_id = self._call(
+            "writing",
+            key,
+            lambda: self._client.create_multipart_upload(Bucket=self._bucket, Key=key),
+        )["UploadId"]
+
+        def upload(number: int, start: int, stop: int) -> CompletedPartTypeDef:
+            pieces = slice_views(views, start, stop)
+            answer = self._call(
+                "writing",
+                key,
+                lambda: self._client.upload_part(
+                    Bucket=self._bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                    Body=_stream(pieces),
+                ),
+            )
+            return {"ETag": answer["ETag"], "PartNumber": number}
+
+        pool = ThreadPoolExecutor(max_workers=min(self._workers, len(bounds)))
+        try:
+            futures = [pool.submit(upload, *bound) for bound in bounds]
+            parts = [future.result() for future in futures]
+            self._call(
+                "writing",
+                key,
+                lambda: self._client.complete_multipart_upload(
+                    Bucket=self._bucket, Key=key, UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                ),
+            )
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            try:
+                self._client.abort_multipart_upload(
+                    Bucket=self._bucket, Key=key, UploadId=upload_id
+                )
+            except (ClientError, *_TRANSIENT) as err:
+                log.warning("abort multipart upload failed", key=key, error=repr(err))
+            raise
+        finally:
+            pool.shutdown(wait=True)
+
+    def _call(self, action: str, key: str, fn: Callable[[], T]) -> T:
+        """Run one S3 request with typed errors, retrying transient ones with Backoff."""
+
+        def once() -> T:
+            try:
+                return fn()
+            except ClientError as err:
+                raise self._translate(err, action, key) from err
+            except _TRANSIENT as err:
+                raise Unavailable(f"{action} blob {key}: {err!r}", field=key) from err
+
+        def on_retry(err: BaseException, wait: float) -> None:
+            log.warning("s3 request retried", key=key, action=action, error=str(err), wait=wait)
+
+        return self._backoff.call(once, retry_on=(Unavailable,), on_retry=on_retry)
+
+    @staticmethod
+    def _translate(err: ClientError, action: str, key: str) -> FedhiveError:
+        error = err.response.get("Error", {})
+        status = int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+        return s3_failure(status, error.get("Code", ""), error.get("Message", ""), key, action)

@@ -1,0 +1,64 @@
+"""TensorRef / TensorBundle <-> protobuf (`fedhive.v1.TensorRef`, `fedhive.v1.TensorBundle`).
+
+Decoding validates (through `TensorRef.__post_init__`) and reports a bad ref as
+`MalformedMessage` naming the field, so nothing downstream sees an inconsistent ref.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from google.protobuf import json_format
+
+from fedhive.blobs.ref import TensorKind, TensorRef
+from fedhive.errors import InvalidArgument, MalformedMessage
+from fedhive.proto.v1 import common_pb2
+
+_TO_PROTO = {
+    TensorKind.NUMPY: common_pb2.TENSOR_KIND_NUMPY,
+    TensorKind.TORCH: common_pb2.TENSOR_KIND_TORCH,
+}
+_FROM_PROTO = {wire: kind for kind, wire in _TO_PROTO.items()}
+
+
+def ref_to_proto(ref: TensorRef) -> common_pb2.TensorRef:
+    return common_pb2.TensorRef(
+        name=ref.name, dtype=ref.dtype, shape=list(ref.shape), kind=_TO_PROTO[ref.kind],
+        key=ref.key, url=ref.url, url_expires_at_ms=ref.url_expires_at_ms, offset=ref.offset,
+        length=ref.length, checksum=ref.checksum, inline_data=ref.inline_data,
+    )
+
+
+def ref_from_proto(message: common_pb2.TensorRef) -> TensorRef:
+    kind = _FROM_PROTO.get(message.kind)
+    if kind is None:
+        raise MalformedMessage(
+            f"tensor ref {message.name!r} has no kind (numpy or torch)", field="kind"
+        )
+    try:
+        return TensorRef(
+            name=message.name, dtype=message.dtype, shape=tuple(message.shape), kind=kind,
+            key=message.key, url=message.url, url_expires_at_ms=message.url_expires_at_ms,
+            offset=message.offset, length=message.length, checksum=message.checksum,
+            inline_data=message.inline_data,
+        )
+    except InvalidArgument as err:
+        raise MalformedMessage(err.message, field=err.field) from err
+
+
+def bundle_to_proto(
+    refs: Iterable[TensorRef], meta: Mapping[str, Any] | None = None
+) -> common_pb2.TensorBundle:
+    """`meta` must be JSON-like (a google.protobuf.Struct: numbers come back as floats)."""
+    bundle = common_pb2.TensorBundle(tensors=[ref_to_proto(ref) for ref in refs])
+    if meta:
+        bundle.meta.update(dict(meta))
+    return bundle
+
+
+def bundle_from_proto(
+    message: common_pb2.TensorBundle,
+) -> tuple[list[TensorRef], dict[str, Any]]:
+    meta: dict[str, Any] = json_format.MessageToDict(message.meta)
+    return [ref_from_proto(ref) for ref in message.tensors], meta

@@ -1,0 +1,300 @@
+"""The tensor codec against real S3: every dtype, numpy and torch, through the inline, shard and
+own-object paths, read with credentials and through presigned URLs only."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from fedhive.blobs import (
+    BlobStore,
+    PresignedFetcher,
+    TensorCodec,
+    TensorKind,
+    TensorRef,
+    bundle_to_proto,
+    unpack,
+)
+from fedhive.config import Settings
+from fedhive.errors import BlobAccessDenied, BlobNotFound, ChecksumMismatch, InvalidArgument
+from tests.fixtures.infra import wait_for
+
+Via = Literal["store", "url"]
+NUMPY_DTYPES = ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+                "uint16", "uint32", "uint64", "complex64", "complex128", "bool"]
+TORCH_DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
+                "uint8", "complex64", "bool"]
+# Small thresholds keep the suite fast while exercising all three paths and multi-part reads.
+INLINE, OWN, SHARD, PART = 256, 8 * 1024, 32 * 1024, 4 * 1024
+SHAPES = {"inline": (4, 4), "shard": (10, 30), "own": (70, 130)}
+
+
+@pytest.fixture(params=["store", "url"])
+def via(request: pytest.FixtureRequest) -> Via:
+    mode: Via = request.param
+    return mode
+
+
+@pytest.fixture
+def small_codec(blob_store: BlobStore, settings: Settings) -> Iterator[TensorCodec]:
+    codec = TensorCodec(
+        blob_store, settings, inline_threshold=INLINE, own_object_threshold=OWN,
+        shard_size=SHARD, part_size=PART,
+    )
+    yield codec
+    codec.close()
+
+
+def random_numpy(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    # any bit pattern: NaN payloads and subnormals too
+    return rng.integers(0, 256, size, dtype=np.uint8).view(dtype).reshape(shape)
+
+
+def random_torch(dtype: str, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    if dtype == "bool":
+        return torch.from_numpy(random_numpy("bool", shape, seed))
+    width = getattr(torch, dtype).itemsize
+    raw = torch.from_numpy(random_numpy("uint8", (int(np.prod(shape)) * width,), seed))
+    return raw.view(getattr(torch, dtype)).reshape(shape)
+
+
+def raw_bytes(value: Any) -> bytes:
+    if isinstance(value, torch.Tensor):
+        return bytes(value.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return bytes(np.ascontiguousarray(value).tobytes())
+
+
+def path_of(ref: TensorRef) -> str:
+    if ref.is_inline:
+        return "inline"
+    return "own" if ref.key.endswith(".tensor") else "shard"
+
+
+def assert_same(got: Any, want: Any) -> None:
+    assert type(got) is type(want)
+    assert got.dtype == want.dtype
+    assert tuple(got.shape) == tuple(want.shape)
+    assert raw_bytes(got) == raw_bytes(want)  # bit-exact, NaN payloads included
+
+
+def round_trip_every_path(codec: TensorCodec, prefix: str, make: Any, kind: TensorKind,
+                          dtype: str) -> None:
+    """One pack holding this dtype on each path, read back with credentials and by URL."""
+    model = {path: make(dtype, shape, seed) for seed, (path, shape) in enumerate(SHAPES.items())}
+    refs = codec.pack(model, prefix)
+    assert [path_of(r) for r in refs] == list(SHAPES)
+    assert all(r.kind is kind and r.dtype == dtype for r in refs)
+    for via in ("store", "url"):
+        back = codec.unpack(refs, via=via)
+        for path, value in model.items():
+            assert_same(back[path], value)
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
+def test_numpy_round_trip(small_codec: TensorCodec, tensor_prefix: str, dtype: str) -> None:
+    round_trip_every_path(small_codec, tensor_prefix, random_numpy, TensorKind.NUMPY, dtype)
+
+
+@pytest.mark.parametrize("dtype", TORCH_DTYPES)
+def test_torch_round_trip(small_codec: TensorCodec, tensor_prefix: str, dtype: str) -> None:
+    round_trip_every_path(small_codec, tensor_prefix, random_torch, TensorKind.TORCH, dtype)
+
+
+def test_a_model_mixing_all_paths_in_one_pack(
+    small_codec: TensorCodec, tensor_prefix: str, via: Via
+) -> None:
+    model: dict[str, Any] = {f"layer{i}.w": random_numpy("float32", (40, 50), i) for i in range(12)}
+    model["tiny"] = np.float64(3.5)
+    model["big"] = random_torch("bfloat16", (90, 100), 99)
+    model["bias"] = torch.arange(7, dtype=torch.int64)
+    refs = small_codec.pack(model, tensor_prefix)
+    assert [r.name for r in refs] == list(model)
+    shards = {r.key for r in refs if path_of(r) == "shard"}
+    assert len(shards) >= 2  # 12 x 8000 bytes do not fit one 32 KiB shard
+    assert len({r.url for r in refs if r.key in shards}) == len(shards)  # one URL per object
+    back = small_codec.unpack(refs, via=via)
+    for name, value in model.items():
+        assert_same(back[name], np.asarray(value) if isinstance(value, np.generic) else value)
+
+
+@pytest.mark.parametrize("inline_threshold", [0, INLINE])
+def test_zero_d_and_empty_arrays(
+    blob_store: BlobStore, settings: Settings, tensor_prefix: str, via: Via, inline_threshold: int
+) -> None:
+    codec = TensorCodec(blob_store, settings, inline_threshold=inline_threshold)
+    model = {
+        "np0d": np.array(2.5, dtype=np.float32),
+        "t0d": torch.tensor(7, dtype=torch.int16),
+        "np_empty": np.zeros((0, 3), dtype=np.float64),
+        "t_empty": torch.zeros((2, 0), dtype=torch.bfloat16),
+        "bool0d": np.array(True),
+    }
+    refs = codec.pack(model, tensor_prefix)
+    by_name = {r.name: r for r in refs}
+    assert by_name["np_empty"].is_inline and by_name["t_empty"].is_inline  # nothing to store
+    assert by_name["np0d"].is_inline is (inline_threshold > 0)
+    back = codec.unpack(refs, via=via)
+    for name, value in model.items():
+        assert_same(back[name], value)
+    codec.close()
+
+
+def test_non_contiguous_inputs(small_codec: TensorCodec, tensor_prefix: str, via: Via) -> None:
+    base = random_numpy("float32", (80, 60), 5)
+    tbase = random_torch("float16", (90, 70), 6)
+    model: dict[str, Any] = {
+        "transposed": base.T,
+        "strided": base[::3, 1::2],
+        "reversed": base[::-1],
+        "fortran": np.asfortranarray(base),
+        "t_transposed": tbase.t(),
+        "t_strided": tbase[:, ::2],
+    }
+    assert not any(
+        v.flags.c_contiguous if isinstance(v, np.ndarray) else v.is_contiguous()
+        for k, v in model.items() if k != "fortran"
+    )
+    back = small_codec.unpack(small_codec.pack(model, tensor_prefix), via=via)
+    for name, value in model.items():
+        assert_same(back[name], np.ascontiguousarray(value) if isinstance(value, np.ndarray)
+                    else value.contiguous())
+
+
+@hsettings(max_examples=12, deadline=None,
+           suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    shape=st.lists(st.integers(0, 40), min_size=0, max_size=4).map(tuple),
+    dtype=st.sampled_from(["float32", "int8", "float64", "bool"]),
+)
+def test_any_shape_round_trips(
+    small_codec: TensorCodec, tensor_prefix: str, shape: tuple[int, ...], dtype: str
+) -> None:
+    array = random_numpy(dtype, shape, seed=len(shape))
+    refs = small_codec.pack({"x": array}, tensor_prefix)
+    assert_same(small_codec.unpack(refs, via="url")["x"], array)
+
+
+def test_torch_bfloat16_as_numpy_is_its_raw_bits(
+    small_codec: TensorCodec, tensor_prefix: str
+) -> None:
+    tensor = random_torch("bfloat16", (50, 50))
+    refs = small_codec.pack({"w": tensor}, tensor_prefix)
+    as_numpy = small_codec.unpack(refs, kind=TensorKind.NUMPY)["w"]
+    assert as_numpy.dtype == np.uint16 and as_numpy.shape == (50, 50)
+    assert np.array_equal(as_numpy, tensor.view(torch.int16).numpy().view(np.uint16))
+
+
+def test_trainer_process_unpacks_with_presigned_urls_only(
+    small_codec: TensorCodec, tensor_prefix: str
+) -> None:
+    model = {"w": random_numpy("float32", (70, 130)), "b": random_numpy("int64", (100,))}
+    wire = bundle_to_proto(small_codec.pack(model, tensor_prefix)).SerializeToString()
+    script = (
+        "import sys, hashlib\n"
+        "from fedhive.blobs import PresignedFetcher, bundle_from_proto, unpack\n"
+        "from fedhive.proto.v1 import common_pb2\n"
+        "refs, _ = bundle_from_proto(common_pb2.TensorBundle.FromString(sys.stdin.buffer.read()))\n"
+        "out = unpack(refs, PresignedFetcher())\n"
+        "for name in sorted(out): print(name, hashlib.sha256(out[name].tobytes()).hexdigest())\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "."}  # no AWS_* variables
+    done = subprocess.run([sys.executable, "-c", script], input=wire, env=env,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    import hashlib
+
+    expected = "".join(
+        f"{n} {hashlib.sha256(model[n].tobytes()).hexdigest()}\n" for n in sorted(model)
+    )
+    assert done.stdout.decode() == expected
+
+
+@pytest.mark.parametrize("shape", [SHAPES["shard"], SHAPES["own"]])
+def test_object_overwritten_behind_the_ref_is_a_checksum_mismatch(
+    blob_store: BlobStore, small_codec: TensorCodec, tensor_prefix: str, via: Via,
+    shape: tuple[int, ...],
+) -> None:
+    array = random_numpy("float32", shape)
+    (ref,) = small_codec.pack({"w": array}, tensor_prefix)
+    original = blob_store.get(ref.key)
+    blob_store.put(ref.key, original[:-1] + bytes([original[-1] ^ 1]))  # same size, one bit
+    with pytest.raises(ChecksumMismatch) as caught:
+        small_codec.unpack([ref], via=via)
+    assert "'w'" in str(caught.value) and ref.key in str(caught.value)
+    blob_store.put(ref.key, original[: len(original) // 2])  # shorter than the ref's range
+    with pytest.raises(ChecksumMismatch, match=ref.key):
+        small_codec.unpack([ref], via=via)
+
+
+def test_tampered_inline_bytes_are_a_checksum_mismatch(
+    small_codec: TensorCodec, tensor_prefix: str
+) -> None:
+    (ref,) = small_codec.pack({"w": np.arange(4, dtype=np.int32)}, tensor_prefix)
+    forged = TensorRef(**{**ref.__dict__, "inline_data": b"\x00" * ref.length})
+    with pytest.raises(ChecksumMismatch, match="'w'"):
+        small_codec.unpack([forged])
+
+
+def test_deleted_object_is_blob_not_found(
+    blob_store: BlobStore, small_codec: TensorCodec, tensor_prefix: str, via: Via
+) -> None:
+    (ref,) = small_codec.pack({"w": random_numpy("float32", SHAPES["own"])}, tensor_prefix)
+    blob_store.delete(ref.key)
+    with pytest.raises(BlobNotFound, match=ref.key):
+        small_codec.unpack([ref], via=via)
+
+
+def test_expired_ref_url_is_access_denied(
+    blob_store: BlobStore, settings: Settings, tensor_prefix: str,
+    presigned_fetcher: PresignedFetcher,
+) -> None:
+    codec = TensorCodec(blob_store, settings, inline_threshold=0, url_ttl=1)
+    refs = codec.pack({"w": random_numpy("float32", (100,))}, tensor_prefix)
+    errors: list[BlobAccessDenied] = []
+
+    def denied() -> bool:
+        try:
+            unpack(refs, presigned_fetcher)
+        except BlobAccessDenied as err:
+            errors.append(err)
+            return True
+        return False
+
+    wait_for(denied, timeout=30, interval=0.25, what="the ref's URL to expire")
+    assert "expired" in str(errors[0]) and refs[0].key in str(errors[0])
+    codec.close()
+
+
+def test_bad_inputs_are_rejected(small_codec: TensorCodec, tensor_prefix: str) -> None:
+    with pytest.raises(InvalidArgument, match="'w'"):
+        small_codec.pack({"w": [1.0, 2.0]}, tensor_prefix)
+    with pytest.raises(InvalidArgument, match="prefix"):
+        small_codec.pack({"w": np.zeros(3)}, "")
+    (ref,) = small_codec.pack({"w": np.zeros(3)}, tensor_prefix)
+    with pytest.raises(InvalidArgument, match="repeat"):
+        small_codec.unpack([ref, ref])
+
+
+def test_default_codec_inlines_small_tensors_within_a_budget(
+    codec: TensorCodec, tensor_prefix: str
+) -> None:
+    model = {f"t{i}": np.full(256 * 1024, i, dtype=np.float32) for i in range(20)}  # 1 MiB each
+    refs = codec.pack(model, tensor_prefix)
+    inline = [r for r in refs if r.is_inline]
+    assert len(inline) == 16  # 16 MiB inline budget (8 x the 2 MiB threshold), rest sharded
+    assert all(path_of(r) == "shard" for r in refs if not r.is_inline)
+    back = codec.unpack(refs)
+    assert all(np.array_equal(back[n], v) for n, v in model.items())

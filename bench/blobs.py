@@ -230,7 +230,11 @@ def main() -> None:
         "size_mib": args.size_mib,
         "repeat": args.repeat,
         "s3": endpoint,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_1_5_15_at_end": [round(x, 2) for x in os.getloadavg()],
+        },
         "cases": cases,
     }
     text = json.dumps(report, indent=2)

@@ -53,6 +53,13 @@ class Unauthenticated(FedhiveError):
     code = "UNAUTHENTICATED"
 
 
+class FailedPrecondition(FedhiveError):
+    """The request is valid but the object is not in a state that allows it now (deleting a
+    running job, downloading a job that is not done)."""
+
+    code = "FAILED_PRECONDITION"
+
+
 class IllegalTransition(FedhiveError):
     """A job status change the state machine does not allow, or whose expected status is stale."""
 

@@ -85,6 +85,20 @@ class Names:
     def sites_key(self) -> str:
         return self.key("sites")
 
+    @property
+    def sites_online_key(self) -> str:
+        """Set of the sites the registry last announced online (so transitions survive restarts
+        and only one intake replica announces each one)."""
+        return self.key("sites", "online")
+
+    @property
+    def sites_last_key(self) -> str:
+        """Hash site -> the site's last heartbeat (JSON), kept after the live record expires."""
+        return self.key("sites", "last")
+
+    def job_heartbeat_key(self, job_id: str, site: str) -> str:
+        return self.key("job", job_id, "beat", site)
+
     def lease_key(self, name: str) -> str:
         return self.key("lease", name)
 

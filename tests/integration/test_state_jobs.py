@@ -209,3 +209,27 @@ def test_errors_are_typed_fedhive_errors(state_store: StateStore) -> None:
     with pytest.raises(FedhiveError) as caught:
         state_store.get_job("missing")
     assert caught.value.code == "NOT_FOUND" and caught.value.field == "job_id"
+
+
+def test_recent_job_ids_are_newest_first_and_paged(state_store: StateStore) -> None:
+    for n in range(7):
+        submit(state_store, f"job-{n}")
+    newest_first = [f"job-{n}" for n in reversed(range(7))]
+    assert state_store.recent_job_ids(count=100) == newest_first
+    assert state_store.recent_job_ids(start=2, count=3) == newest_first[2:5]
+    assert state_store.recent_job_ids(start=7, count=3) == []
+    assert state_store.recent_job_ids(count=0) == []
+    state_store.change_status("job-2", S.SUBMITTED, S.FINISHED_ABORTED, "stop")
+    state_store.change_status("job-5", S.SUBMITTED, S.FINISHED_ABORTED, "stop")
+    assert state_store.recent_job_ids(S.FINISHED_ABORTED) == ["job-5", "job-2"]
+    assert state_store.recent_job_ids(S.SUBMITTED, start=1, count=2) == ["job-4", "job-3"]
+
+
+def test_get_jobs_keeps_order_and_skips_missing(state_store: StateStore) -> None:
+    for n in range(3):
+        submit(state_store, f"job-{n}", name=f"name-{n}")
+    state_store.delete_job("job-1")
+    records = state_store.get_jobs(["job-2", "job-1", "nope", "job-0"])
+    assert [r.job_id for r in records] == ["job-2", "job-0"]
+    assert records[0] == state_store.get_job("job-2") and records[1].meta.name == "name-0"
+    assert state_store.get_jobs([]) == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from fedhive.sites.heartbeat import SiteHeartbeat
 from fedhive.state import StateStore
 from tests.fixtures.infra import wait_for
@@ -46,3 +48,36 @@ def test_claim_is_free_again_after_its_ttl(state_store: StateStore) -> None:
     assert state_store.claim("job-store", "msg-1", ttl_s=0.2) is True
     wait_for(lambda: state_store.claim("job-store", "msg-1", ttl_s=60), timeout=5, what="claim TTL")
     assert state_store.claim("job-store", "msg-1", ttl_s=60) is False
+
+
+def test_remember_keeps_the_first_value(state_store: StateStore) -> None:
+    assert state_store.remember("submission", "alice:t1", "a job-1", ttl_s=60) == "a job-1"
+    assert state_store.remember("submission", "alice:t1", "b job-2", ttl_s=60) == "a job-1"
+    assert state_store.remember("submission", "bob:t1", "b job-2", ttl_s=60) == "b job-2"
+    assert state_store.remember("other", "alice:t1", "c job-3", ttl_s=60) == "c job-3"
+
+
+def test_remember_concurrent_callers_agree(state_store: StateStore) -> None:
+    kept: list[str] = []
+    lock = threading.Lock()
+
+    def remember(n: int) -> None:
+        value = state_store.remember("submission", "race", f"v{n}", ttl_s=60)
+        with lock:
+            kept.append(value)
+
+    threads = [threading.Thread(target=remember, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(kept) == 8 and len(set(kept)) == 1
+
+
+def test_remembered_value_expires(state_store: StateStore) -> None:
+    assert state_store.remember("submission", "k", "first", ttl_s=0.2) == "first"
+    wait_for(
+        lambda: state_store.remember("submission", "k", "second", ttl_s=60) == "second",
+        timeout=5,
+        what="remembered value TTL",
+    )

@@ -4,7 +4,6 @@ the JSON-able dict form the state store keeps."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict
 from typing import Any
 
 from fedhive.proto.v1 import site_pb2
@@ -37,7 +36,16 @@ def site_heartbeat_from_proto(message: site_pb2.SiteHeartbeat) -> SiteHeartbeat:
 
 
 def site_heartbeat_to_dict(beat: SiteHeartbeat) -> dict[str, Any]:
-    return asdict(beat)
+    # Spelled out rather than `dataclasses.asdict`, which deep-copies: this runs for every
+    # heartbeat the intake stores (asdict was a third of the intake's Python time per beat).
+    return {
+        "site": beat.site,
+        "org": beat.org,
+        "running_job_ids": list(beat.running_job_ids),
+        "resources": beat.resources,
+        "agent_version": beat.agent_version,
+        "sent_at_ms": beat.sent_at_ms,
+    }
 
 
 def site_heartbeat_from_dict(values: Mapping[str, Any]) -> SiteHeartbeat:

@@ -11,6 +11,7 @@ from fedhive.state.port import (
     JobUpdate,
     Lease,
     Leases,
+    SitePresence,
     SiteRegistry,
     StateStore,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "Lease",
     "Leases",
     "RedisStateStore",
+    "SitePresence",
     "SiteRegistry",
     "StateStore",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,7 +23,7 @@ from fedhive.errors import (
 )
 from fedhive.jobs.record import JobMeta, JobRecord, StatusChange, Submitter
 from fedhive.jobs.status import INITIAL, JobStatus, is_allowed
-from fedhive.sites.heartbeat import SiteHeartbeat
+from fedhive.sites.heartbeat import JobHeartbeat, SiteHeartbeat
 from fedhive.state.port import Fence, JobUpdate, Lease
 
 
@@ -48,7 +49,11 @@ class MemoryStateStore:
         self._leases: dict[str, _Expiring] = {}  # value: (holder, token)
         self._fences: dict[str, int] = {}
         self._sites: dict[str, _Expiring] = {}  # value: SiteHeartbeat
-        self._claims: dict[tuple[str, str], _Expiring] = {}
+        self._seen_ms: dict[str, int] = {}  # site -> last recorded sent_at_ms
+        self._last: dict[str, SiteHeartbeat] = {}  # site -> last beat, kept past its TTL
+        self._online: set[str] = set()
+        self._job_beats: dict[tuple[str, str], _Expiring] = {}  # value: JobHeartbeat
+        self._claims: dict[tuple[str, str], _Expiring] = {}  # value: the kept string
 
     def close(self) -> None:
         """Nothing to release; here to satisfy the port."""
@@ -96,6 +101,21 @@ class MemoryStateStore:
                 for record in self._jobs.values()
                 if status is None or record.status == status
             ]
+
+    def recent_job_ids(
+        self, status: JobStatus | None = None, *, start: int = 0, count: int = 100
+    ) -> list[str]:
+        with self._lock:
+            ids = [
+                job_id
+                for job_id, record in reversed(self._jobs.items())
+                if status is None or record.status == status
+            ]
+        return ids[start : start + count] if count > 0 else []
+
+    def get_jobs(self, job_ids: Sequence[str]) -> list[JobRecord]:
+        with self._lock:
+            return [copy.deepcopy(self._jobs[i]) for i in job_ids if i in self._jobs]
 
     def _check_fence(self, fence: Fence | None, refused: str) -> None:
         if fence is not None and self._fences.get(fence.lease) != fence.token:
@@ -235,11 +255,71 @@ class MemoryStateStore:
         with self._lock:
             return sorted(self._sites)
 
+    # site presence --------------------------------------------------------------------------
+    def record_heartbeats(self, beats: Sequence[SiteHeartbeat], ttl_s: float) -> list[str]:
+        born: list[str] = []
+        with self._lock:
+            for beat in beats:
+                if beat.sent_at_ms < self._seen_ms.get(beat.site, beat.sent_at_ms):
+                    continue
+                self._sites[beat.site] = _Expiring(copy.deepcopy(beat), time.monotonic() + ttl_s)
+                self._seen_ms[beat.site] = beat.sent_at_ms
+                self._last[beat.site] = copy.deepcopy(beat)
+                if beat.site not in self._online:
+                    self._online.add(beat.site)
+                    born.append(beat.site)
+        return born
+
+    def mark_offline(self, beat: SiteHeartbeat) -> bool:
+        with self._lock:
+            if beat.sent_at_ms < self._seen_ms.get(beat.site, beat.sent_at_ms):
+                return False
+            # known forever: the entry stays, its life ends now
+            self._sites[beat.site] = _Expiring(copy.deepcopy(beat), time.monotonic())
+            self._seen_ms[beat.site] = beat.sent_at_ms
+            self._last[beat.site] = copy.deepcopy(beat)
+            was_online = beat.site in self._online
+            self._online.discard(beat.site)
+            return was_online
+
+    def sweep_expired(self) -> list[SiteHeartbeat]:
+        with self._lock:
+            gone = sorted(site for site in self._online if not self._sites[site].alive())
+            self._online.difference_update(gone)
+            return [copy.deepcopy(self._last[site]) for site in gone]
+
+    def online_sites(self) -> list[str]:
+        with self._lock:
+            return sorted(self._online)
+
+    def record_job_heartbeats(self, beats: Sequence[JobHeartbeat], ttl_s: float) -> None:
+        with self._lock:
+            for beat in beats:
+                expires = time.monotonic() + ttl_s
+                self._job_beats[(beat.job_id, beat.site)] = _Expiring(beat, expires)
+
+    def get_job_heartbeat(self, job_id: str, site: str) -> JobHeartbeat | None:
+        with self._lock:
+            entry = self._job_beats.get((job_id, site))
+            if entry is None or not entry.alive():
+                return None
+            beat: JobHeartbeat = entry.value
+            return beat
+
     # idempotency ----------------------------------------------------------------------------
     def claim(self, scope: str, message_id: str, ttl_s: float) -> bool:
         with self._lock:
             entry = self._claims.get((scope, message_id))
             if entry is not None and entry.alive():
                 return False
-            self._claims[(scope, message_id)] = _Expiring(True, time.monotonic() + ttl_s)
+            self._claims[(scope, message_id)] = _Expiring("1", time.monotonic() + ttl_s)
             return True
+
+    def remember(self, scope: str, key: str, value: str, ttl_s: float) -> str:
+        with self._lock:
+            entry = self._claims.get((scope, key))
+            if entry is not None and entry.alive():
+                kept: str = entry.value
+                return kept
+            self._claims[(scope, key)] = _Expiring(value, time.monotonic() + ttl_s)
+            return value

@@ -7,12 +7,13 @@ them and `MemoryStateStore` is the in-process double; both pass the one contract
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fedhive.jobs.record import JobMeta, JobRecord, Submitter
 from fedhive.jobs.status import JobStatus
-from fedhive.sites.heartbeat import SiteHeartbeat
+from fedhive.sites.heartbeat import JobHeartbeat, SiteHeartbeat
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,18 @@ class JobStore(Protocol):
 
     def list_jobs(self, status: JobStatus | None = None) -> list[JobRecord]:
         """Jobs (all, or those in `status`) in submission order."""
+        ...
+
+    def recent_job_ids(
+        self, status: JobStatus | None = None, *, start: int = 0, count: int = 100
+    ) -> list[str]:
+        """Ids of jobs (all, or those in `status`), newest submission first: up to `count` of
+        them from position `start` (0: the newest). Pages through large stores cheaply."""
+        ...
+
+    def get_jobs(self, job_ids: Sequence[str]) -> list[JobRecord]:
+        """The records (with history) of those of `job_ids` that exist, in the given order,
+        read in one round trip; ids with no record are skipped."""
         ...
 
     def change_status(
@@ -135,11 +148,51 @@ class SiteRegistry(Protocol):
         ...
 
 
+class SitePresence(Protocol):
+    """Registry transitions for the heartbeat intake: batched writes, and online/offline changes
+    that exactly one caller observes, so several intake replicas (or a restarted one) never
+    announce a transition twice. The online set lives in the store, not in the intake."""
+
+    def record_heartbeats(self, beats: Sequence[SiteHeartbeat], ttl_s: float) -> list[str]:
+        """Store each beat as its site's live record for `ttl_s` (and as its last known beat);
+        a beat older than the site's last recorded one (`sent_at_ms`) is ignored. Returns the
+        sites this call took from offline to online, each once across all callers."""
+        ...
+
+    def mark_offline(self, beat: SiteHeartbeat) -> bool:
+        """A site's goodbye: its live record goes (it stays known, `beat` is its last one).
+        True for the one caller that took it from online to offline; False when it was not
+        online or `beat` is older than its last recorded beat (then nothing changes)."""
+        ...
+
+    def sweep_expired(self) -> list[SiteHeartbeat]:
+        """Sites marked online whose live record has expired: each is marked offline and
+        returned, with its last known heartbeat, to exactly one caller."""
+        ...
+
+    def online_sites(self) -> list[str]:
+        """Sites currently marked online (announced and not yet swept or gone), by name."""
+        ...
+
+    def record_job_heartbeats(self, beats: Sequence[JobHeartbeat], ttl_s: float) -> None:
+        """Keep each beat as the last one of its (job, site) for `ttl_s`."""
+        ...
+
+    def get_job_heartbeat(self, job_id: str, site: str) -> JobHeartbeat | None:
+        """The last beat of a client job, None once its TTL expired."""
+        ...
+
+
 class Idempotency(Protocol):
     def claim(self, scope: str, message_id: str, ttl_s: float) -> bool:
         """True the first time (scope, message_id) is claimed within `ttl_s`, False after."""
         ...
 
+    def remember(self, scope: str, key: str, value: str, ttl_s: float) -> str:
+        """Keep `value` under (scope, key) for `ttl_s` unless a value is already kept there;
+        return the kept value. The first caller wins: concurrent callers all get its value."""
+        ...
 
-class StateStore(JobStore, Leases, SiteRegistry, Idempotency, Protocol):
+
+class StateStore(JobStore, Leases, SiteRegistry, SitePresence, Idempotency, Protocol):
     def close(self) -> None: ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -33,9 +34,9 @@ from fedhive.jobs.record import JobMeta, JobRecord, Submitter
 from fedhive.jobs.status import INITIAL, JobStatus
 from fedhive.names import Names
 from fedhive.retry import Backoff
-from fedhive.sites.heartbeat import SiteHeartbeat
+from fedhive.sites.heartbeat import JobHeartbeat, SiteHeartbeat
 from fedhive.sites.serde import site_heartbeat_from_dict, site_heartbeat_to_dict
-from fedhive.state import codec, scripts
+from fedhive.state import codec, presence_scripts, scripts
 from fedhive.state.port import Fence, JobUpdate, Lease
 
 T = TypeVar("T")
@@ -149,6 +150,27 @@ class RedisStateStore:
         what = f"list jobs in {index}"
         ids = cast(list[str], self._call(what, lambda: self._client.zrange(index, 0, -1)))
         return self._read_jobs(what, ids)
+
+    def recent_job_ids(
+        self, status: JobStatus | None = None, *, start: int = 0, count: int = 100
+    ) -> list[str]:
+        index = (
+            self._names.jobs_by_submit_key
+            if status is None
+            else self._names.jobs_by_status_key(status.value)
+        )
+        if count <= 0:
+            return []
+        stop = start + count - 1
+        return cast(
+            list[str],
+            self._call(
+                f"list jobs in {index}", lambda: self._client.zrevrange(index, start, stop)
+            ),
+        )
+
+    def get_jobs(self, job_ids: Sequence[str]) -> list[JobRecord]:
+        return self._read_jobs(f"read {len(job_ids)} jobs", job_ids)
 
     def _read_jobs(self, what: str, ids: Sequence[str]) -> list[JobRecord]:
         """Records with their history, skipping ids deleted since they were listed."""
@@ -315,7 +337,73 @@ class RedisStateStore:
         raws = cast(list[str | None], self._call("read sites", lambda: self._client.mget(keys)))
         return [site_heartbeat_from_dict(json.loads(raw)) for raw in raws if raw is not None]
 
+    # site presence (transitions decided in Lua, see fedhive.state.presence_scripts) ---------
+    def _presence_keys(self) -> list[str]:
+        n = self._names
+        return [n.sites_key, n.sites_online_key, n.sites_last_key]
+
+    def record_heartbeats(self, beats: Sequence[SiteHeartbeat], ttl_s: float) -> list[str]:
+        if not beats:
+            return []
+        keys = [*self._presence_keys(), *(self._names.site_key(b.site) for b in beats)]
+        args: list[Any] = [_ms(ttl_s)]
+        for beat in beats:
+            args += [beat.site, beat.sent_at_ms, json.dumps(site_heartbeat_to_dict(beat))]
+        what = f"record {len(beats)} heartbeats"
+        return cast(list[str], self._script(what, presence_scripts.RECORD_HEARTBEATS, keys, args))
+
+    def mark_offline(self, beat: SiteHeartbeat) -> bool:
+        keys = [*self._presence_keys(), self._names.site_key(beat.site)]
+        args = [beat.site, beat.sent_at_ms, json.dumps(site_heartbeat_to_dict(beat))]
+        what = f"mark site {beat.site} offline"
+        return bool(self._script(what, presence_scripts.MARK_OFFLINE, keys, args) == 1)
+
+    def sweep_expired(self) -> list[SiteHeartbeat]:
+        n = self._names
+        keys = [n.sites_online_key, n.sites_last_key]
+        reply = self._script("sweep expired sites", presence_scripts.SWEEP_EXPIRED, keys,
+                             [n.site_key("")])
+        return [
+            site_heartbeat_from_dict(json.loads(raw)) if raw else SiteHeartbeat(site=site)
+            for site, raw in zip(reply[::2], reply[1::2], strict=True)
+        ]
+
+    def online_sites(self) -> list[str]:
+        key = self._names.sites_online_key
+        return sorted(cast(set[str], self._call("list online sites",
+                                                lambda: self._client.smembers(key))))
+
+    def record_job_heartbeats(self, beats: Sequence[JobHeartbeat], ttl_s: float) -> None:
+        def write() -> None:
+            pipe = self._client.pipeline(transaction=False)
+            for beat in beats:
+                key = self._names.job_heartbeat_key(beat.job_id, beat.site)
+                pipe.set(key, json.dumps(asdict(beat)), px=_ms(ttl_s))
+            pipe.execute()
+
+        if beats:
+            self._call(f"record {len(beats)} job heartbeats", write)
+
+    def get_job_heartbeat(self, job_id: str, site: str) -> JobHeartbeat | None:
+        key = self._names.job_heartbeat_key(job_id, site)
+        raw = cast(str | None, self._call(f"read job {job_id} heartbeat of {site}",
+                                          lambda: self._client.get(key)))
+        return None if raw is None else JobHeartbeat(**json.loads(raw))
+
     # idempotency ----------------------------------------------------------------------------
+    def remember(self, scope: str, key: str, value: str, ttl_s: float) -> str:
+        name = self._names.idempotency_key(scope, key)
+
+        def once() -> str | None:
+            if self._client.set(name, value, nx=True, px=_ms(ttl_s)):
+                return value
+            return cast(str | None, self._client.get(name))  # None: it expired meanwhile
+
+        while True:
+            kept = self._call(f"remember {name}", once)
+            if kept is not None:
+                return kept
+
     def claim(self, scope: str, message_id: str, ttl_s: float) -> bool:
         key = self._names.idempotency_key(scope, message_id)
         return bool(

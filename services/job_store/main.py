@@ -1,11 +1,67 @@
-"""`fedhive-job-store`: job definitions, validation, status history."""
+"""`fedhive-job-store`: job definitions, validation, status history.
 
-from fedhive.service import usage_only
+The composition root: builds the state store (Redis), the blob store (S3, bucket ensured),
+the bus (RabbitMQ) and serves `{ns}.job-store` with the handlers of `handlers.py`. Stateless:
+run as many replicas as wanted; everything lives in Redis, S3 and the durable queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedhive.blobs import S3BlobStore
+from fedhive.bus import RabbitBus
+from fedhive.config import Settings
+from fedhive.names import Names
+from fedhive.service import run
+from fedhive.state import RedisStateStore
+
+from .context import JobStoreContext
+from .handlers import ACCEPTS, SERVICE, make_handler
+
+CONCURRENCY = 4  # requests handled at once; mostly waiting on Redis and S3
+PREFETCH = 8
+
+
+@dataclass
+class JobStoreService:
+    bus: RabbitBus
+    state: RedisStateStore
+    blobs: S3BlobStore
+
+    def close(self) -> None:
+        """Stop consuming (running requests finish and are acked), then release the ports."""
+        self.bus.close()
+        self.state.close()
+        self.blobs.close()
+
+
+def build(settings: Settings, log: Any) -> JobStoreService:
+    names = Names(settings.namespace)
+    state = RedisStateStore.from_settings(settings)
+    blobs = S3BlobStore.from_settings(settings)
+    blobs.ensure_bucket()
+    bus = RabbitBus(settings, name=SERVICE)
+    try:
+        ctx = JobStoreContext(state=state, blobs=blobs, events=bus, names=names)
+        bus.serve(
+            names.service_queue(SERVICE),
+            make_handler(ctx),
+            ACCEPTS,
+            prefetch=PREFETCH,
+            concurrency=CONCURRENCY,
+        )
+    except BaseException:
+        bus.close()
+        raise
+    log.info("job_store.serving", queue=names.service_queue(SERVICE))
+    return JobStoreService(bus, state, blobs)
 
 
 def main() -> None:
-    usage_only(
-        "fedhive-job-store",
-        "fedhive job-store: job definitions, validation, status history.",
-        issue=4,
-    )
+    run("fedhive-job-store", build)
+
+
+if __name__ == "__main__":
+    main()

@@ -79,12 +79,17 @@ Global___StoreCloneJob: _TypeAlias = StoreCloneJob  # noqa: Y015
 
 @_typing.final
 class StoreDownloadJob(_message.Message):
+    """As FLARE's download_job: only a job in a final status (FINISHED:*) can be downloaded;
+    any other is refused with FAILED_PRECONDITION "job <id> is not done".
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     EXPIRES_IN_S_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     expires_in_s: _builtins.int
+    """lifetime of the URLs; 0: one hour"""
     def __init__(
         self,
         *,
@@ -105,19 +110,23 @@ class StoreDownloadReply(_message.Message):
 
     DEFINITION_URL_FIELD_NUMBER: _builtins.int
     RESULT_URL_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_MS_FIELD_NUMBER: _builtins.int
     definition_url: _builtins.str
     """presigned GET of the job definition zip"""
     result_url: _builtins.str
-    """presigned GET of the result; empty until the job is final"""
+    """presigned GET of the result; empty when the job left none"""
+    expires_at_ms: _builtins.int
+    """when both URLs stop working (unix epoch milliseconds)"""
     def __init__(
         self,
         *,
         definition_url: _builtins.str = ...,
         result_url: _builtins.str = ...,
+        expires_at_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["definition_url", b"definition_url", "result_url", b"result_url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["definition_url", b"definition_url", "expires_at_ms", b"expires_at_ms", "result_url", b"result_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,93 @@
+"""The job-store's RPC contract and its dispatcher.
+
+The job-store serves `Names.service_queue("job-store")` (`{ns}.job-store`). The gateway has
+already authenticated and authorised the caller; every request is an RPC (`Bus.call`) whose
+reply type is fixed by the request type. Errors travel back as typed `fedhive.errors`:
+
+request (`fedhive.v1.*`) -> reply; errors (code: when):
+
+* `StoreSubmitJob` -> `SubmitJobReply`.
+  INVALID_ARGUMENT: every violation of the job or of the archive's safety, in one message
+  joined by "; " (nothing is stored and the staged archive is deleted); a staging key outside
+  `{ns}/staging/`, an empty submitter name, a malformed submission id. ALREADY_EXISTS: the
+  submission id was used before for different content. NOT_FOUND: no staged archive; the
+  submission id's job is gone (deleted, or its first submit is still in progress).
+* `StoreCloneJob` -> `SubmitJobReply`. NOT_FOUND: no such job (or no stored definition).
+* `ListJobsRequest` -> `ListJobsReply`. INVALID_ARGUMENT: `limit` negative or above
+  `MAX_LIMIT`; JOB_STATUS_UNSPECIFIED among `statuses`.
+* `GetJobRequest` -> `JobRecord`. NOT_FOUND: "job <id> not found".
+* `DeleteJobRequest` -> `DeleteJobReply`. NOT_FOUND; FAILED_PRECONDITION: the job is not in a
+  final status ("job: <id> is running (RUNNING), could not be deleted at this time.").
+* `StoreDownloadJob` -> `StoreDownloadReply`. NOT_FOUND; FAILED_PRECONDITION: "job <id> is
+  not done (<status>)" for any status but FINISHED:* (as FLARE's download_job);
+  INVALID_ARGUMENT: `expires_in_s` outside 1..7 days.
+* `AbortJobRequest` -> `JobRecord` (as it is after the abort). NOT_FOUND;
+  FAILED_PRECONDITION: the job is already final ("job <id> is already done (<status>)"), or
+  DISPATCHED/RUNNING (aborting those is the job-runner's).
+* `ListSitesRequest` -> `ListSitesReply` (no errors).
+
+Semantics:
+* Submit: the gateway stages the upload at `Names.staging_key(upload_id)`; the job-store
+  validates it (`fedhive.jobs.load_job`), stores the normalised archive at
+  `Names.job_definition_key(job_id)`, creates the SUBMITTED record, publishes
+  `job.status.SUBMITTED` and deletes the staged archive. Job ids are uuid4-form strings derived
+  from the bus message id, so a redelivered request finishes the same job instead of making a
+  second one. A submission id is scoped to the submitter's name: the same id with the same
+  content answers the first job with `existed=true`.
+* Clone: a new job with the source's definition (copied), the caller as submitter and
+  `cloned_from` in the meta's extra keys; SUBMITTED with its event.
+* List: newest first; filters combine with AND: `statuses` (any of), `name` (case-insensitive
+  substring), `submitter` (exact name), `id_prefix` (case-insensitive); `limit` 0 means
+  `DEFAULT_LIMIT`.
+* Every status change publishes `job.status.<status value>` (e.g. `job.status.SUBMITTED`,
+  `job.status.FINISHED:ABORTED`) with a `JobStatusEvent`; its message id is
+  `<job_id>:<history length>`, so a re-published event can be recognised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from google.protobuf.message import Message
+
+from fedhive.bus import Delivery, Handler
+from fedhive.errors import MalformedMessage
+from fedhive.proto.v1 import admin_pb2, jobstore_pb2
+
+from .context import JobStoreContext
+from .manage import abort_job, delete_job, download_job
+from .queries import get_job, list_jobs, list_sites
+from .submit import clone_job, submit_job
+
+log = structlog.get_logger()
+
+SERVICE = "job-store"
+
+_HANDLERS: dict[type[Message], Callable[[Any, Delivery, JobStoreContext], Message]] = {
+    jobstore_pb2.StoreSubmitJob: submit_job,
+    jobstore_pb2.StoreCloneJob: clone_job,
+    admin_pb2.ListJobsRequest: list_jobs,
+    admin_pb2.GetJobRequest: get_job,
+    admin_pb2.DeleteJobRequest: delete_job,
+    jobstore_pb2.StoreDownloadJob: download_job,
+    admin_pb2.AbortJobRequest: abort_job,
+    admin_pb2.ListSitesRequest: list_sites,
+}
+
+ACCEPTS: tuple[type[Message], ...] = tuple(_HANDLERS)
+
+
+def make_handler(ctx: JobStoreContext) -> Handler:
+    """The bus handler of the job-store queue: dispatch by request type to the functions above."""
+
+    def handle(message: Message, delivery: Delivery) -> Message:
+        handler = _HANDLERS.get(type(message))
+        if handler is None:  # the consumer only decodes ACCEPTS; this is a wiring error
+            raise MalformedMessage(
+                f"the job-store does not handle {type(message).__name__}", field="type"
+            )
+        return handler(message, delivery, ctx)
+
+    return handle

@@ -1,0 +1,110 @@
+"""Requests that act on one existing job: delete, download, abort."""
+
+from __future__ import annotations
+
+import structlog
+
+from fedhive.bus import Delivery
+from fedhive.errors import FailedPrecondition, IllegalTransition, InvalidArgument, NotFound
+from fedhive.jobs.record import JobRecord
+from fedhive.jobs.serde import record_to_proto
+from fedhive.jobs.status import JobStatus
+from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2
+
+from .context import JobStoreContext, publish_status
+
+log = structlog.get_logger()
+
+DEFAULT_URL_LIFETIME_S = 3600
+MAX_URL_LIFETIME_S = 7 * 24 * 3600  # the longest an S3 presigned URL may live
+
+
+def delete_job(
+    request: admin_pb2.DeleteJobRequest, delivery: Delivery, ctx: JobStoreContext
+) -> admin_pb2.DeleteJobReply:
+    """Only a job in a final status: its S3 objects first, then the record, so a crash in
+    between leaves a record whose redelivered delete finishes the work."""
+    try:
+        record = ctx.state.get_job(request.job_id)
+    except NotFound:
+        if delivery.redelivered:  # the first delivery deleted it and then lost its reply
+            return admin_pb2.DeleteJobReply()
+        raise
+    if not record.status.is_final:
+        what = "is running" if record.status != JobStatus.SUBMITTED else "is waiting to run"
+        raise FailedPrecondition(
+            f"job: {record.job_id} {what} ({record.status.value}), could not be deleted at "
+            "this time.",
+            field="job_id",
+        )
+    removed = ctx.blobs.delete_prefix(ctx.names.job_prefix(record.job_id))
+    ctx.state.delete_job(record.job_id)
+    log.info("job.deleted", service="job-store", job_id=record.job_id, objects=removed)
+    return admin_pb2.DeleteJobReply()
+
+
+def download_job(
+    request: jobstore_pb2.StoreDownloadJob, delivery: Delivery, ctx: JobStoreContext
+) -> jobstore_pb2.StoreDownloadReply:
+    """Presigned GETs of the definition and (when there is one) the result of a finished job."""
+    lifetime = request.expires_in_s or DEFAULT_URL_LIFETIME_S
+    if not 0 < lifetime <= MAX_URL_LIFETIME_S:
+        raise InvalidArgument(
+            f"expires_in_s {request.expires_in_s} must be between 1 and {MAX_URL_LIFETIME_S}",
+            field="expires_in_s",
+        )
+    record = ctx.state.get_job(request.job_id)
+    if not record.status.is_final:
+        raise FailedPrecondition(
+            f"job {record.job_id} is not done ({record.status.value})", field="job_id"
+        )
+    definition = ctx.blobs.presign_get(
+        record.archive_key or ctx.names.job_definition_key(record.job_id), lifetime
+    )
+    result_url = ""
+    if record.result_key and ctx.blobs.exists(record.result_key):
+        result_url = ctx.blobs.presign_get(record.result_key, lifetime).url
+    return jobstore_pb2.StoreDownloadReply(
+        definition_url=definition.url, result_url=result_url,
+        expires_at_ms=definition.expires_at_ms,
+    )
+
+
+def abort_job(
+    request: admin_pb2.AbortJobRequest, delivery: Delivery, ctx: JobStoreContext
+) -> job_pb2.JobRecord:
+    """SUBMITTED -> FINISHED:ABORTED through the status compare-and-set, with its event.
+
+    A job the scheduler dispatches meanwhile loses the race cleanly (the CAS fails) and is
+    answered as a dispatched job. A redelivered abort of a job it already aborted re-publishes
+    the event and answers the record.
+    """
+    record = ctx.state.get_job(request.job_id)
+    if record.status == JobStatus.SUBMITTED:
+        reason = request.reason.strip() or f"Aborted the job {record.job_id} before running it."
+        try:
+            record = ctx.state.change_status(
+                record.job_id, JobStatus.SUBMITTED, JobStatus.FINISHED_ABORTED, reason
+            )
+        except IllegalTransition:
+            record = ctx.state.get_job(request.job_id)
+        else:
+            publish_status(ctx, record)
+            log.info("job.aborted", service="job-store", job_id=record.job_id, reason=reason)
+            return record_to_proto(record)
+    if record.status == JobStatus.FINISHED_ABORTED and delivery.redelivered:
+        publish_status(ctx, record)
+        return record_to_proto(record)
+    raise _not_abortable(record)
+
+
+def _not_abortable(record: JobRecord) -> FailedPrecondition:
+    if record.status.is_final:
+        return FailedPrecondition(
+            f"job {record.job_id} is already done ({record.status.value})", field="job_id"
+        )
+    return FailedPrecondition(
+        f"job {record.job_id} is {record.status.value}: aborting a dispatched or running job is "
+        "the job-runner's, which this deployment does not run yet",
+        field="job_id",
+    )

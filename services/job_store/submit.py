@@ -1,0 +1,172 @@
+"""Submit and clone: the two ways a job comes into being.
+
+Both are idempotent under redelivery: the new job's id is derived from the bus message id
+(`job_id_for`), and each step is safe to repeat (putting the same bytes at the same key,
+creating a record that may already exist, publishing an event with a fixed message id). A
+crash between any two steps is finished by the redelivery; a refusal stores nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import replace
+
+import structlog
+
+from fedhive.bus import Delivery
+from fedhive.errors import AlreadyExists, BlobNotFound, InvalidArgument, NotFound
+from fedhive.jobs.archive import UnsafeArchive
+from fedhive.jobs.definition import load_job
+from fedhive.jobs.record import JobMeta, JobRecord, Submitter
+from fedhive.jobs.serde import submitter_from_proto
+from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2
+
+from .context import JobStoreContext, find_job, job_id_for, publish_status
+
+log = structlog.get_logger()
+
+SUBMISSION_SCOPE = "job-store.submission"
+SUBMISSION_TTL_S = 30 * 24 * 3600.0  # how long a submission id keeps answering its job
+SUBMISSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")  # FLARE's submit-token pattern
+
+
+def submit_job(
+    cmd: jobstore_pb2.StoreSubmitJob, delivery: Delivery, ctx: JobStoreContext
+) -> admin_pb2.SubmitJobReply:
+    staging = _staging_key(cmd.staging_key, ctx)
+    submitter = _submitter(cmd.submitter)
+    job_id = job_id_for(ctx.names.ns, delivery.message_id)
+    bound = log.bind(service="job-store", job_id=job_id, submitter=submitter.name)
+    done = find_job(ctx, job_id)
+    if done is not None:  # a redelivery after the record was stored: finish the rest
+        _finish(ctx, done, staging)
+        bound.info("job.submit_finished_on_redelivery")
+        return admin_pb2.SubmitJobReply(job_id=job_id)
+    try:
+        if cmd.submission_id and not SUBMISSION_ID.match(cmd.submission_id):
+            raise InvalidArgument(
+                f"submission id {cmd.submission_id!r} must be 1-128 characters of A-Z, a-z, "
+                "0-9, '.', '_', ':' or '-'",
+                field="submission_id",
+            )
+        definition = load_job(_read_staged(ctx, staging), ctx.limits)
+        archive = definition.to_zip()
+        assert archive is not None  # to_zip() without a target returns the bytes
+        if cmd.submission_id:
+            earlier = _earlier_job(ctx, submitter, cmd.submission_id, archive, job_id)
+            if earlier is not None:
+                ctx.blobs.delete(staging)
+                bound.info("job.submit_repeated", existing=earlier)
+                return admin_pb2.SubmitJobReply(job_id=earlier, existed=True)
+    except (InvalidArgument, AlreadyExists):  # Violations/UnsafeArchive are InvalidArgument
+        ctx.blobs.delete(staging)
+        raise
+    record = _store(ctx, job_id, definition.meta, submitter, archive)
+    _finish(ctx, record, staging)
+    bound.info("job.submitted", name=record.meta.name)
+    return admin_pb2.SubmitJobReply(job_id=job_id)
+
+
+def clone_job(
+    cmd: jobstore_pb2.StoreCloneJob, delivery: Delivery, ctx: JobStoreContext
+) -> admin_pb2.SubmitJobReply:
+    submitter = _submitter(cmd.submitter)
+    source = ctx.state.get_job(cmd.job_id)
+    job_id = job_id_for(ctx.names.ns, delivery.message_id)
+    bound = log.bind(service="job-store", job_id=job_id, cloned_from=source.job_id)
+    record = find_job(ctx, job_id)
+    if record is None:
+        try:
+            archive = ctx.blobs.get(source.archive_key)
+        except BlobNotFound:
+            raise NotFound(
+                f"job {source.job_id} has no stored definition to clone", field="job_id"
+            ) from None
+        meta = replace(source.meta, extra={**source.meta.extra, "cloned_from": source.job_id})
+        record = _store(ctx, job_id, meta, submitter, archive)
+    if len(record.history) == 1:  # still as created: (re)announce it
+        publish_status(ctx, record)
+    bound.info("job.cloned")
+    return admin_pb2.SubmitJobReply(job_id=job_id)
+
+
+def _staging_key(key: str, ctx: JobStoreContext) -> str:
+    prefix = ctx.names.staging_key("")[: -len(".zip")]
+    if not key.startswith(prefix) or ".." in key or len(key) <= len(prefix):
+        raise InvalidArgument(
+            f"staging key {key!r} is not under {prefix!r}", field="staging_key"
+        )
+    return key
+
+
+def _submitter(message: job_pb2.Submitter) -> Submitter:
+    if not message.name.strip():
+        raise InvalidArgument("submitter name is empty", field="submitter.name")
+    return submitter_from_proto(message)
+
+
+def _read_staged(ctx: JobStoreContext, staging: str) -> bytes:
+    """The staged archive, refused before download when it is over the archive size limit."""
+    try:
+        size = ctx.blobs.size(staging)
+        if size > ctx.limits.max_archive_bytes:
+            raise UnsafeArchive(
+                [f"archive is {size} bytes, more than the limit of "
+                 f"{ctx.limits.max_archive_bytes}"],
+                field="archive",
+            )
+        return ctx.blobs.get(staging)
+    except BlobNotFound:
+        raise NotFound(f"staged archive {staging} not found", field="staging_key") from None
+
+
+def _earlier_job(
+    ctx: JobStoreContext, submitter: Submitter, submission_id: str, archive: bytes, job_id: str
+) -> str | None:
+    """The job an earlier request with this submission id made (None: this request's own).
+
+    The first request to remember `<digest> <job_id>` for the id wins; the normalised archive's
+    SHA-256 decides whether a later request carries the same content.
+    """
+    digest = hashlib.sha256(archive).hexdigest()
+    kept = ctx.state.remember(
+        SUBMISSION_SCOPE, f"{submitter.name}:{submission_id}", f"{digest} {job_id}",
+        SUBMISSION_TTL_S,
+    )
+    kept_digest, kept_job = kept.split(" ", 1)
+    if kept_job == job_id:
+        return None
+    if kept_digest != digest:
+        raise AlreadyExists(
+            f"submission id {submission_id!r} was already used for different job content "
+            f"(job {kept_job}); use a new submission id for a new job",
+            field="submission_id",
+        )
+    if find_job(ctx, kept_job) is None:
+        raise NotFound(
+            f"submission id {submission_id!r} belongs to job {kept_job}, which is not stored: "
+            "it was deleted, or its first submit is still in progress",
+            field="submission_id",
+        )
+    return kept_job
+
+
+def _store(
+    ctx: JobStoreContext, job_id: str, meta: JobMeta, submitter: Submitter, archive: bytes
+) -> JobRecord:
+    """Put the definition, then create the record; a record already there (a concurrent
+    redelivery got here first) is taken as it is."""
+    key = ctx.names.job_definition_key(job_id)
+    ctx.blobs.put(key, archive)
+    try:
+        return ctx.state.create_job(job_id, meta, submitter, archive_key=key)
+    except AlreadyExists:
+        return ctx.state.get_job(job_id)
+
+
+def _finish(ctx: JobStoreContext, record: JobRecord, staging: str) -> None:
+    """Announce the submission (unless the job moved on already) and drop the staged upload."""
+    if len(record.history) == 1:
+        publish_status(ctx, record)
+    ctx.blobs.delete(staging)

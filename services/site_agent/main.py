@@ -1,11 +1,129 @@
-"""`fedhive-site-agent`: one site: resources, heartbeats, client jobs."""
+"""`fedhive-site-agent`: one site: resources, heartbeats, client jobs.
 
-from fedhive.service import usage_only
+    fedhive-site-agent [run] --site-dir DIR          run the agent until SIGTERM/SIGINT
+    fedhive-site-agent status --site-dir DIR [--json] the site's jobs, from its own files
+
+The composition root: the site folder gives the site's config and resources (a bad file stops
+the start with one line naming file and field, exit 2), the agent reconciles its workspace,
+then serves its control queue `{ns}.site.<site>` and heartbeats. A clean shutdown stops
+consuming, aborts running client jobs, announces `offline` and closes the bus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from fedhive.bus import RabbitBus, Subscription
+from fedhive.config import Settings
+from fedhive.errors import FedhiveError
+from fedhive.names import Names
+from fedhive.service import run
+
+from . import process
+from .agent import SiteAgent
+from .config import agent_settings, load_site, load_site_resources
+from .handlers import ACCEPTS, make_handler
+from .heartbeat import Heartbeats
+from .records import AgentInfo, Workspace, now_ms
+from .status import render, site_status
+
+SERVICE = "site-agent"
+# Commands run concurrently (each job's commands one at a time): an abort waiting out its
+# grace period must not hold up other jobs' checks and deploys.
+CONCURRENCY = 4
 
 
-def main() -> None:
-    usage_only(
-        "fedhive-site-agent",
-        "fedhive site-agent: one site: resources, heartbeats, client jobs.",
-        issue=5,
+class RunningAgent:
+    def __init__(self, agent: SiteAgent, bus: RabbitBus, workspace: Workspace) -> None:
+        self.agent = agent
+        self._bus = bus
+        self._ws = workspace
+        previous = workspace.load_agent()
+        self._info = AgentInfo(
+            site=agent.config.site,
+            pid=os.getpid(),
+            pid_started=process.start_time(os.getpid()),
+            started_at_ms=now_ms(),
+            last_server_contact_ms=previous.last_server_contact_ms if previous else 0,
+        )
+        workspace.save_agent(self._info)
+        self._heartbeats = Heartbeats(agent, bus)
+        self._control: Subscription | None = None
+
+    def start(self) -> None:
+        queue = Names(self.agent.config.namespace).site_queue(self.agent.config.site)
+        handler = make_handler(self.agent, self._contact)
+        self._control = self._bus.serve(queue, handler, ACCEPTS, concurrency=CONCURRENCY)
+        self._heartbeats.start()
+
+    def _contact(self) -> None:
+        self._info = replace(self._info, last_server_contact_ms=now_ms())
+        self._ws.save_agent(self._info)
+
+    def close(self) -> None:
+        if self._control is not None:
+            self._control.stop()
+        self.agent.shutdown()
+        self._heartbeats.stop()
+        self._bus.close()
+
+
+def build_agent(site_dir: Path, settings: Settings, log: Any) -> RunningAgent:
+    config = load_site(site_dir)
+    resources = load_site_resources(config)
+    workspace = Workspace(config.workspace)
+    agent = SiteAgent(config, resources, workspace)
+    agent.reconcile()
+    bus = RabbitBus(agent_settings(settings, config), name=f"{SERVICE}.{config.site}", sign=True)
+    try:
+        running = RunningAgent(agent, bus, workspace)
+        running.start()
+    except BaseException:
+        bus.close()
+        raise
+    log.bind(site=config.site).info(
+        "site_agent.ready", namespace=config.namespace, workspace=str(config.workspace),
+        heartbeat_interval_s=config.heartbeat_interval_s,
     )
+    return running
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="fedhive-site-agent",
+        description="fedhive site agent: one site: resources, heartbeats, client jobs.",
+    )
+    commands = parser.add_subparsers(dest="command")
+    run_cmd = commands.add_parser("run", help="run the site agent (the default)")
+    status = commands.add_parser("status", help="print the site's jobs and last server contact")
+    for sub in (parser, run_cmd, status):
+        sub.add_argument("--site-dir", type=Path, required=sub is not parser,
+                         help="the site folder (with local/site.json and local/resources.json)")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args(argv)
+    if args.site_dir is None:
+        parser.error("--site-dir is required")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.command == "status":
+        try:
+            status = site_status(args.site_dir)
+        except FedhiveError as err:
+            print(f"fedhive-site-agent: {err}", file=sys.stderr)
+            sys.exit(2)
+        print(json.dumps(status.to_json(), indent=2) if args.json else render(status))
+        return
+    run(SERVICE, lambda settings, log: build_agent(args.site_dir, settings, log))
+
+
+if __name__ == "__main__":
+    main()

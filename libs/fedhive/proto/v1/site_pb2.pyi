@@ -163,6 +163,26 @@ class CancelResourcesRequest(_message.Message):
 Global___CancelResourcesRequest: _TypeAlias = CancelResourcesRequest  # noqa: Y015
 
 @_typing.final
+class CancelResourcesReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CANCELLED_FIELD_NUMBER: _builtins.int
+    cancelled: _builtins.bool
+    """false: unknown, already cancelled, allocated or expired (not an error)"""
+    def __init__(
+        self,
+        *,
+        cancelled: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelResourcesReply: _TypeAlias = CancelResourcesReply  # noqa: Y015
+
+@_typing.final
 class AllocateResourcesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -314,18 +334,37 @@ Global___ListSiteJobsRequest: _TypeAlias = ListSiteJobsRequest  # noqa: Y015
 
 @_typing.final
 class SiteJob(_message.Message):
+    """A job as the site agent knows it: the reply of allocate/deploy/start/abort/free_resources
+    (the job after the command) and an entry of list_jobs.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     ALLOCATION_FIELD_NUMBER: _builtins.int
     PID_FIELD_NUMBER: _builtins.int
+    APP_NAME_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_MS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: _builtins.str
-    """DEPLOYED, RUNNING, FINISHED, ABORTED"""
+    """ALLOCATED, DEPLOYED, RUNNING, FINISHED (the client job exited), ABORTED, LOST (the client
+    job was gone, or was stopped, when the agent restarted)
+    """
     pid: _builtins.int
+    """the client job's process id, 0 before start"""
+    app_name: _builtins.str
+    exit_code: _builtins.int
+    """set once the client job exited"""
+    reason: _builtins.str
+    """why it was aborted or lost"""
+    updated_at_ms: _builtins.int
     @_builtins.property
-    def allocation(self) -> _struct_pb2.Struct: ...
+    def allocation(self) -> _struct_pb2.Struct:
+        """the resources the job holds now; empty once freed"""
+
     def __init__(
         self,
         *,
@@ -333,12 +372,18 @@ class SiteJob(_message.Message):
         state: _builtins.str = ...,
         allocation: _struct_pb2.Struct | None = ...,
         pid: _builtins.int = ...,
+        app_name: _builtins.str = ...,
+        exit_code: _builtins.int | None = ...,
+        reason: _builtins.str = ...,
+        updated_at_ms: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "allocation", b"allocation", "exit_code", b"exit_code"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "job_id", b"job_id", "pid", b"pid", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "allocation", b"allocation", "app_name", b"app_name", "exit_code", b"exit_code", "job_id", b"job_id", "pid", b"pid", "reason", b"reason", "state", b"state", "updated_at_ms", b"updated_at_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
+    _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
 
 Global___SiteJob: _TypeAlias = SiteJob  # noqa: Y015
 

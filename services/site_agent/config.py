@@ -1,0 +1,167 @@
+"""A site folder: `local/site.json` (who the site is, how it reaches the broker) and
+`local/resources.json` (its resource manager and consumer, seed 001's format).
+
+`site.json`:
+
+    {
+      "site": "hospital-a",                  required; becomes the control queue's name
+      "org": "Hospital A",                   optional, ""
+      "broker_url": "amqps://hospital-a:SECRET@broker.example.org:5671/%2F",  required
+      "namespace": "fedhive",                optional, "fedhive"
+      "heartbeat_interval_s": 5,             optional, 5
+      "workspace": "workspace",              optional, <site folder>/workspace (relative to it)
+      "abort_grace_s": 10,                   optional, 10: SIGTERM, then SIGKILL after this
+      "max_bundle_mib": 256,                 optional, 256: largest app bundle accepted
+      "client_job_module": "fedhive_services.site_agent.client_job"  optional: what `start` runs
+    }
+
+How settings combine: the process's `Settings.from_env()` gives only the log level; the broker
+URL and namespace come from site.json (`agent_settings`), and every Redis/S3 credential is
+dropped, so the agent cannot talk to anything but the broker. Every problem raises a
+`ConfigError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from fedhive.config import Settings
+from fedhive.errors import ConfigError
+from fedhive.jobs.archive import ArchiveLimits, MiB
+from fedhive.jobs.validation import site_name_problem
+from fedhive.resources import SiteResources, load_resources
+
+SITE_FILE = "local/site.json"
+RESOURCES_FILE = "local/resources.json"
+CLIENT_JOB_MODULE = "fedhive_services.site_agent.client_job"
+_KNOWN = (
+    "site", "org", "broker_url", "namespace", "heartbeat_interval_s", "workspace",
+    "abort_grace_s", "max_bundle_mib", "client_job_module",
+)
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    site_dir: Path
+    site: str
+    broker_url: str = field(repr=False)  # carries the site's broker password
+    org: str = ""
+    namespace: str = "fedhive"
+    heartbeat_interval_s: float = 5.0
+    workspace: Path = Path("workspace")
+    abort_grace_s: float = 10.0
+    max_bundle_bytes: int = 256 * MiB
+    client_job_module: str = CLIENT_JOB_MODULE
+
+    @property
+    def archive_limits(self) -> ArchiveLimits:
+        return ArchiveLimits(max_archive_bytes=self.max_bundle_bytes)
+
+
+def load_site(site_dir: Path) -> SiteConfig:
+    """Read and check `<site_dir>/local/site.json`; ConfigError names the file and field."""
+    site_dir = site_dir.resolve()
+    path = site_dir / SITE_FILE
+    raw = _read_json(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: must be a JSON object", field=SITE_FILE)
+    fields = _Fields(path, raw)
+    unknown = sorted(set(raw) - set(_KNOWN))
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown field {unknown[0]!r} (known: {', '.join(_KNOWN)})", field=unknown[0]
+        )
+    site = fields.text("site", None)
+    if (problem := site_name_problem(site)) is not None:
+        raise ConfigError(f"{path}: field 'site': {problem}", field="site")
+    broker_url = fields.text("broker_url", None)
+    namespace = fields.text("namespace", "fedhive")
+    try:
+        Settings.from_env({"FEDHIVE_AMQP_URL": broker_url, "FEDHIVE_NAMESPACE": namespace})
+    except ConfigError as err:  # reworded: the site.json field, not the variable, is named
+        name = "broker_url" if err.field == "FEDHIVE_AMQP_URL" else "namespace"
+        message = err.message.replace(err.field or name, name)
+        raise ConfigError(f"{path}: {message}", field=name) from None
+    workspace = Path(fields.text("workspace", "workspace"))
+    module = fields.text("client_job_module", CLIENT_JOB_MODULE)
+    if not _MODULE.match(module):
+        raise ConfigError(f"{path}: field 'client_job_module': {module!r} is not a module path",
+                          field="client_job_module")
+    return SiteConfig(
+        site_dir=site_dir,
+        site=str(site),
+        broker_url=broker_url,
+        org=fields.text("org", ""),
+        namespace=namespace,
+        heartbeat_interval_s=fields.seconds("heartbeat_interval_s", 5.0),
+        workspace=workspace if workspace.is_absolute() else site_dir / workspace,
+        abort_grace_s=fields.seconds("abort_grace_s", 10.0),
+        max_bundle_bytes=int(fields.seconds("max_bundle_mib", 256) * MiB),
+        client_job_module=module,
+    )
+
+
+def load_site_resources(config: SiteConfig) -> SiteResources:
+    return load_resources(config.site_dir / RESOURCES_FILE)
+
+
+def agent_settings(base: Settings, config: SiteConfig) -> Settings:
+    """The agent's settings: log level from the environment, the broker from site.json, and no
+    Redis or S3 credentials at all."""
+    return replace(
+        base,
+        amqp_url=config.broker_url,
+        namespace=config.namespace,
+        aws_access_key_id=None,
+        aws_secret_access_key=None,
+        aws_session_token=None,
+    )
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found", field=SITE_FILE) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read: {err}", field=SITE_FILE) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(
+            f"{path}: invalid JSON at line {err.lineno} column {err.colno}: {err.msg}",
+            field=SITE_FILE,
+        ) from None
+
+
+@dataclass(frozen=True)
+class _Fields:
+    path: Path
+    raw: dict[str, Any]
+
+    def text(self, name: str, default: str | None) -> str:
+        value = self.raw.get(name, default)
+        if value is None:
+            raise ConfigError(f"{self.path}: field {name!r} is required", field=name)
+        if default is not None and value == default:
+            return default  # an optional field may default to "" (org)
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(
+                f"{self.path}: field {name!r} must be a non-empty string, got {value!r}",
+                field=name,
+            )
+        return value.strip()
+
+    def seconds(self, name: str, default: float) -> float:
+        value = self.raw.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(
+                f"{self.path}: field {name!r} must be a positive number, got {value!r}",
+                field=name,
+            )
+        return float(value)

@@ -1,0 +1,151 @@
+"""The site agent's process life: bad site folders stop it at start, heartbeats and
+online/offline announcements, SIGKILL and restart without phantom jobs, the status command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fedhive.blobs import BlobStore
+from fedhive.bus import RabbitBus
+from fedhive.config import Settings
+from fedhive.proto.v1 import site_pb2
+from fedhive.structs import struct_to_dict
+from fedhive_services.site_agent import process
+from tests.fixtures.infra import wait_for
+from tests.fixtures.site_agent import (
+    HOLDING_CJ,
+    Events,
+    SiteAgents,
+    allocate,
+    deploy,
+    run_cli,
+    start,
+    write_site,
+)
+
+GOOD_RESOURCES = {
+    "components": [
+        {"id": "resource_manager", "path": "fedhive.resources.listed.ListResourceManager",
+         "args": {"resources": {"gpu": [0]}}},
+        {"id": "resource_consumer", "path": "fedhive.resources.gpu.GPUResourceConsumer"},
+    ]
+}
+
+
+@pytest.mark.parametrize(
+    ("site_json", "resources", "expected"),
+    [
+        ('{"site": "s1", ', GOOD_RESOURCES, "local/site.json: invalid JSON at line 1"),
+        ({"org": "x"}, GOOD_RESOURCES, "local/site.json: field 'site' is required"),
+        ({"site": "a.b"}, GOOD_RESOURCES, "local/site.json: field 'site': invalid site name 'a.b'"),
+        ({"site": "s1", "broker_url": "http://h/"}, GOOD_RESOURCES,
+         "local/site.json: broker_url must use scheme amqp:// or amqps://"),
+        ({"site": "s1", "heartbeat_interval_s": "5"}, GOOD_RESOURCES,
+         "local/site.json: field 'heartbeat_interval_s' must be a positive number, got '5'"),
+        ({"site": "s1", "colour": "red"}, GOOD_RESOURCES,
+         "local/site.json: unknown field 'colour'"),
+        ({"site": "s1"}, {"components": [{"id": "resource_manager", "path": "no.such.Manager"},
+                                         GOOD_RESOURCES["components"][1]]},
+         "resources.json: component 'resource_manager' (components[0].path)"),
+        ({"site": "s1"}, {"components": [
+            {"id": "resource_manager", "path": "fedhive.resources.listed.ListResourceManager",
+             "args": {"resources": {"gpu": [0]}, "colour": 1}}, GOOD_RESOURCES["components"][1]]},
+         "resources.json: component 'resource_manager'"),
+    ],
+    ids=["bad-json", "no-site", "bad-site-name", "bad-broker-url", "bad-interval",
+         "unknown-field", "unknown-component-path", "bad-argument"],
+)
+def test_bad_site_folder_stops_the_agent_with_one_line(
+    tmp_path: Path, amqp_url: str, site_json: object, resources: object, expected: str
+) -> None:
+    local = tmp_path / "local"
+    local.mkdir()
+    if isinstance(site_json, dict):
+        site_json = json.dumps({"broker_url": amqp_url, **site_json})
+    assert isinstance(site_json, str)
+    (local / "site.json").write_text(site_json)
+    (local / "resources.json").write_text(json.dumps(resources))
+    done = run_cli("run", "--site-dir", str(tmp_path))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("site-agent: "), done.stderr
+    assert expected in lines[0]
+
+
+def test_heartbeats_online_offline(
+    site_agents: SiteAgents, make_bus: Callable[..., RabbitBus]
+) -> None:
+    events = Events(make_bus)
+    agent = site_agents.start(org="Org A", heartbeat_interval_s=0.2)
+    wait_for(lambda: events.of("site.site-1.online"), what="site.site-1.online")
+    beats = wait_for(lambda: len(b := events.of("site.site-1.heartbeat")) >= 3 and b,
+                     what="three heartbeats")
+    beat, user = beats[-1]
+    assert isinstance(beat, site_pb2.SiteHeartbeat)
+    assert (beat.site, beat.org, user, list(beat.running_job_ids)) == (
+        "site-1", "Org A", "guest", [])
+    assert beat.agent_version and beat.sent_at_ms > 0
+    assert struct_to_dict(beat.resources)["free"] == {"gpu": 2}
+    assert agent.stop() == 0  # SIGTERM: a clean shutdown
+    offline = wait_for(lambda: events.of("site.site-1.offline"), what="site.site-1.offline")
+    assert offline[0][0].site == "site-1"
+
+
+def test_sigkill_and_restart_leave_no_phantom_jobs(
+    site_agents: SiteAgents, blob_store: BlobStore, make_bus: Callable[..., RabbitBus]
+) -> None:
+    events = Events(make_bus)
+    agent = site_agents.start(client_job_module=HOLDING_CJ)
+    for job_id in ("job-orphan", "job-dead"):
+        allocate(agent, job_id, {"gpu": 1})
+        deploy(agent, blob_store, job_id)
+        start(agent, job_id)
+    pids = {j: wait_for(lambda j=j: agent.report(j), what=j)["pid"]
+            for j in ("job-orphan", "job-dead")}
+
+    agent.kill()  # SIGKILL: the client jobs, in their own process groups, live on
+    os.killpg(pids["job-dead"], signal.SIGKILL)
+    wait_for(lambda: not process.alive(pids["job-dead"], None), what="job-dead's process to go")
+    status = agent.status()
+    assert not status["agent"]["running"]
+    by_id = {job["job_id"]: job for job in status["jobs"]}
+    assert (by_id["job-orphan"]["state"], by_id["job-orphan"]["process_alive"]) == (
+        "RUNNING", True)
+    assert (by_id["job-dead"]["state"], by_id["job-dead"]["process_alive"]) == ("LOST", False)
+
+    events.seen.clear()
+    agent.launch()  # the restarted agent reconciles: no job stays RUNNING, nothing stays held
+    assert not process.alive(pids["job-orphan"], None)
+    status = agent.status()
+    assert status["agent"]["running"]
+    assert {(j["job_id"], j["state"], j["allocation"]) for j in status["jobs"]} == {
+        ("job-orphan", "LOST", None), ("job-dead", "LOST", None)}
+    beat = wait_for(lambda: events.of("site.site-1.heartbeat"), what="a heartbeat")[-1][0]
+    assert list(beat.running_job_ids) == []
+    assert struct_to_dict(beat.resources)["free"] == {"gpu": 2}
+    assert events.of("site.site-1.online")
+    assert start(agent, "job-orphan").state == "LOST"  # a late start does not revive it
+    assert allocate(agent, "job-new", {"gpu": 2}) == {"gpu": [0, 1]}
+
+
+def test_status_text_and_json(tmp_path: Path, bus_settings: Settings) -> None:
+    site_dir = write_site(tmp_path / "s", site="s1", broker_url=bus_settings.amqp_url,
+                          namespace=bus_settings.namespace, org="Org")
+    text = run_cli("status", "--site-dir", str(site_dir))
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[:3] == [
+        "site s1 (Org)", "agent: not running", "last server contact: never"]
+    assert "no jobs" in text.stdout
+    as_json = json.loads(run_cli("status", "--site-dir", str(site_dir), "--json").stdout)
+    assert as_json == {"site": "s1", "org": "Org", "workspace": str(site_dir / "workspace"),
+                       "agent": {"running": False, "pid": 0}, "last_server_contact_ms": None,
+                       "jobs": []}
+    missing = run_cli("status", "--site-dir", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2
+    assert "local/site.json: file not found" in missing.stderr

@@ -1,20 +1,25 @@
 """`fedhive`: the admin command line.
 
-Job commands (submit, list, abort, ...) talk to the gateway and arrive with the jobs issue; today
-the CLI validates a job offline and shows the version and the effective configuration, which
-already catches a bad environment before any service is started.
+Job and site commands (submit, jobs, job, clone, delete, download, abort, watch, sites) talk
+to the gateway through `fedhive.sdk.Session` (cli/jobs.py; where the gateway is: cli/connection.py).
+`validate` checks a job offline, `config` the service environment, `admin-token` makes a token.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from fedhive import __version__
+from fedhive.cli import jobs
+from fedhive.cli.admins import admin_token
+from fedhive.cli.connection import GatewayTarget
 from fedhive.cli.validate import validate
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError
@@ -30,6 +35,39 @@ _SECRET = (
 
 
 app.command("validate")(validate)
+app.command("admin-token")(admin_token)
+for _command in (jobs.submit, jobs.jobs, jobs.job, jobs.clone, jobs.delete, jobs.download,
+                 jobs.abort, jobs.watch, jobs.sites):
+    app.command()(_command)
+
+
+@app.callback()
+def gateway_options(
+    ctx: typer.Context,
+    gateway: Annotated[str | None, typer.Option(
+        envvar="FEDHIVE_GATEWAY", help="Gateway address host:port.", show_envvar=True
+    )] = None,
+    token: Annotated[str | None, typer.Option(
+        envvar="FEDHIVE_TOKEN", help="Admin bearer token.", show_envvar=True, show_default=False
+    )] = None,
+    ca_cert: Annotated[Path | None, typer.Option(
+        envvar="FEDHIVE_GATEWAY_CA", help="CA certificate (PEM) to trust: TLS.", show_envvar=True
+    )] = None,
+    client_cert: Annotated[Path | None, typer.Option(
+        envvar="FEDHIVE_CLIENT_CERT", help="Client certificate (PEM): mutual TLS.",
+        show_envvar=True,
+    )] = None,
+    client_key: Annotated[Path | None, typer.Option(
+        envvar="FEDHIVE_CLIENT_KEY", help="Client private key (PEM): mutual TLS.",
+        show_envvar=True,
+    )] = None,
+    tls: Annotated[bool | None, typer.Option(
+        "--tls/--no-tls", envvar="FEDHIVE_GATEWAY_TLS", help="TLS with the system's CAs.",
+        show_envvar=True, show_default=False,
+    )] = None,
+) -> None:
+    """Where the gateway is; unset values come from ~/.fedhive/config (TOML)."""
+    ctx.obj = GatewayTarget(gateway or None, token or None, ca_cert, client_cert, client_key, tls)
 
 
 @app.command()

@@ -1,0 +1,138 @@
+"""What the CLI prints: the stable JSON schema of jobs and sites, and the human tables.
+
+JSON job (`--json`; `jobs --json` prints a list of these):
+
+    id, name, status ("FINISHED:ABORTED", FLARE's strings), status_reason, submitter, org, role,
+    submit_time, start_time, end_time (ISO 8601 UTC or null), duration_s (null until started),
+    schedule_count, last_schedule_time, next_schedule_time, sites, failed_sites, deploy_map,
+    resource_spec, min_clients, mandatory_clients, cloned_from (null if not a clone),
+    pending_reason ({} unless a SUBMITTED job waits), history [{from, to, reason, at}]
+
+JSON site: name, org, online, last_seen (ISO 8601 UTC), running_jobs, resources, agent_version.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fedhive.jobs.record import JobRecord
+from fedhive.sdk import SiteInfo
+
+
+def iso(ms: int | None) -> str | None:
+    """Unix milliseconds as ISO 8601 UTC (`2025-01-31T12:00:00.123Z`); None stays None."""
+    if not ms:
+        return None
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _duration_s(job: JobRecord, now_ms: int) -> float | None:
+    if job.start_time_ms is None:
+        return None
+    return ((job.end_time_ms or now_ms) - job.start_time_ms) / 1000
+
+
+def job_json(job: JobRecord, now_ms: int) -> dict[str, Any]:
+    return {
+        "id": job.job_id,
+        "name": job.meta.name,
+        "status": job.status.value,
+        "status_reason": job.status_reason,
+        "submitter": job.submitter.name,
+        "org": job.submitter.org,
+        "role": job.submitter.role,
+        "submit_time": iso(job.submit_time_ms),
+        "start_time": iso(job.start_time_ms),
+        "end_time": iso(job.end_time_ms),
+        "duration_s": _duration_s(job, now_ms),
+        "schedule_count": job.schedule_count,
+        "last_schedule_time": iso(job.last_schedule_time_ms),
+        "next_schedule_time": iso(job.next_schedule_time_ms),
+        "sites": job.sites,
+        "failed_sites": job.failed_sites,
+        "deploy_map": job.meta.deploy_map,
+        "resource_spec": job.meta.resource_spec,
+        "min_clients": job.meta.min_clients,
+        "mandatory_clients": job.meta.mandatory_clients,
+        "cloned_from": job.meta.extra.get("cloned_from"),
+        "pending_reason": job.pending_reason,
+        "history": [
+            {
+                "from": change.from_status.value if change.from_status else None,
+                "to": change.to_status.value,
+                "reason": change.reason,
+                "at": iso(change.at_ms),
+            }
+            for change in job.history
+        ],
+    }
+
+
+def site_json(site: SiteInfo) -> dict[str, Any]:
+    beat = site.last_heartbeat
+    return {
+        "name": site.name,
+        "org": beat.org,
+        "online": site.online,
+        "last_seen": iso(beat.sent_at_ms),
+        "running_jobs": beat.running_job_ids,
+        "resources": beat.resources,
+        "agent_version": beat.agent_version,
+    }
+
+
+def _human_time(ms: int | None) -> str:
+    text = iso(ms)
+    return "" if text is None else text[:19].replace("T", " ")
+
+
+def _human_duration(job: JobRecord, now_ms: int) -> str:
+    seconds = _duration_s(job, now_ms)
+    return "N/A" if seconds is None else str(timedelta(seconds=round(seconds)))
+
+
+def jobs_table(jobs: list[JobRecord], now_ms: int) -> Table:
+    table = Table("Job ID", "Name", "Status", "Submitter", "Submit Time (UTC)", "Run Duration")
+    table.columns[0].no_wrap = True
+    for job in jobs:
+        table.add_row(job.job_id, job.meta.name, job.status.value, job.submitter.name,
+                      _human_time(job.submit_time_ms), _human_duration(job, now_ms))
+    return table
+
+
+def print_job(console: Console, job: JobRecord, now_ms: int) -> None:
+    details = Table(show_header=False, box=None)
+    values = job_json(job, now_ms)
+    for key in ("id", "name", "status", "status_reason", "submitter", "org", "role",
+                "submit_time", "start_time", "end_time", "schedule_count", "sites",
+                "failed_sites", "cloned_from"):
+        value = values[key]
+        if isinstance(value, list):
+            value = ", ".join(value)
+        details.add_row(key, "" if value is None else str(value))
+    details.add_row("duration", _human_duration(job, now_ms))
+    deploy_map = job.meta.deploy_map.items()
+    details.add_row("deploy_map", "; ".join(
+        f"{app} -> {' '.join(targets) or '(nowhere)'}" for app, targets in deploy_map
+    ))
+    console.print(details)
+    history = Table("At (UTC)", "From", "To", "Reason", title="history")
+    for change in job.history:
+        history.add_row(_human_time(change.at_ms),
+                        change.from_status.value if change.from_status else "",
+                        change.to_status.value, change.reason)
+    console.print(history)
+
+
+def sites_table(sites: list[SiteInfo]) -> Table:
+    table = Table("Site", "Org", "Online", "Last Seen (UTC)", "Running Jobs")
+    for site in sites:
+        beat = site.last_heartbeat
+        table.add_row(site.name, beat.org, "yes" if site.online else "no",
+                      _human_time(beat.sent_at_ms), str(len(beat.running_job_ids)))
+    return table

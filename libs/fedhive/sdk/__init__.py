@@ -1,0 +1,5 @@
+"""fedhive.sdk: the admin Python API (what the `fedhive` CLI uses). See `Session`."""
+
+from fedhive.sdk.session import Session, SiteInfo, SubmitResult
+
+__all__ = ["Session", "SiteInfo", "SubmitResult"]

@@ -1,0 +1,202 @@
+"""`fedhive.sdk.Session`: the admin Python API over the gateway's gRPC AdminService.
+
+    from fedhive.sdk import Session
+
+    with Session("gateway.example:50051", token, root_certificates=Path("ca.pem")) as s:
+        job_id = s.submit(Path("jobs/hello-numpy")).job_id
+        for record in s.watch(job_id):
+            print(record.status, record.status_reason)
+
+Every method returns dataclasses (`fedhive.jobs.record.JobRecord`, `SubmitResult`, `SiteInfo`)
+and raises `fedhive.errors` types: the gateway's error comes back as the same typed error
+(`NotFound`, `PermissionDenied`, `Unauthenticated`, `InvalidArgument`, ...), translated once,
+here. A job folder or zip is validated locally before it is uploaded.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO, TypeVar
+
+import grpc
+
+from fedhive.jobs.definition import load_job
+from fedhive.jobs.record import JobRecord
+from fedhive.jobs.serde import record_from_proto, status_to_proto
+from fedhive.jobs.status import JobStatus
+from fedhive.proto.v1 import admin_pb2, admin_pb2_grpc
+from fedhive.sdk.status import from_grpc
+from fedhive.sites.heartbeat import SiteHeartbeat
+from fedhive.sites.serde import site_heartbeat_from_proto
+
+T = TypeVar("T")
+CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    job_id: str
+    existed: bool = False  # the submission id was seen before with the same content
+
+
+@dataclass(frozen=True)
+class SiteInfo:
+    name: str
+    online: bool
+    last_heartbeat: SiteHeartbeat  # its sent_at_ms is when the site was last seen
+
+
+def _read(value: bytes | Path | None) -> bytes | None:
+    return value.read_bytes() if isinstance(value, Path) else value
+
+
+class Session:
+    """A connection to one gateway as one admin. Thread-safe; close it (or use `with`)."""
+
+    def __init__(
+        self,
+        address: str,
+        token: str,
+        *,
+        tls: bool = False,
+        root_certificates: bytes | Path | None = None,
+        client_cert: bytes | Path | None = None,
+        client_key: bytes | Path | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        """`tls` (implied by any certificate argument): connect with TLS, trusting
+        `root_certificates` (PEM; default: the system's CAs). `client_cert`/`client_key`:
+        mutual TLS. `timeout`: seconds per call (uploads, downloads and watches excepted)."""
+        self.address = address
+        self.timeout = timeout
+        self._metadata = (("authorization", f"Bearer {token}"),)
+        if tls or root_certificates or client_cert:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(root_certificates),
+                private_key=_read(client_key),
+                certificate_chain=_read(client_cert),
+            )
+            self._channel = grpc.secure_channel(address, credentials)
+        else:
+            self._channel = grpc.insecure_channel(address)
+        self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except grpc.RpcError as err:
+            raise from_grpc(err, target=self.address) from None
+
+    def _stream(self, responses: Iterable[T]) -> Iterator[T]:
+        try:
+            yield from responses
+        except grpc.RpcError as err:
+            raise from_grpc(err, target=self.address) from None
+
+    # -- jobs ------------------------------------------------------------------------------
+    def submit(self, job: Path | bytes, *, submission_id: str = "",
+               queue_anyway: bool = False) -> SubmitResult:
+        """Validate a job folder, zip file or zip bytes locally, then upload it.
+
+        A folder is zipped (normalised); a zip goes up as it is, once it passed validation
+        (the job-store normalises it again: re-compressing here would only add latency).
+        `submission_id`: a client-chosen id; submitting the same content again with it returns
+        the same job (`existed=True`) instead of a second one.
+        """
+        if isinstance(job, Path) and not job.is_file():  # a folder; or load_job says what is
+            archive = load_job(job).to_zip()
+            assert archive is not None
+        else:
+            archive = job.read_bytes() if isinstance(job, Path) else job
+            load_job(archive)
+
+        def chunks() -> Iterator[admin_pb2.SubmitJobChunk]:
+            yield admin_pb2.SubmitJobChunk(data=archive[:CHUNK], submission_id=submission_id,
+                                           queue_anyway=queue_anyway)
+            for start in range(CHUNK, len(archive), CHUNK):
+                yield admin_pb2.SubmitJobChunk(data=archive[start:start + CHUNK])
+
+        reply = self._call(lambda: self._stub.SubmitJob(chunks(), metadata=self._metadata))
+        return SubmitResult(reply.job_id, reply.existed)
+
+    def list(self, *, status: JobStatus | Iterable[JobStatus] | None = None, name: str = "",
+             submitter: str = "", id_prefix: str = "", limit: int = 0) -> list[JobRecord]:
+        """Jobs newest first; filters combine with AND; `limit` 0: the gateway's page size."""
+        statuses = [status] if isinstance(status, JobStatus) else list(status or [])
+        request = admin_pb2.ListJobsRequest(
+            statuses=[status_to_proto(s) for s in statuses], name=name, submitter=submitter,
+            id_prefix=id_prefix, limit=limit,
+        )
+        reply = self._call(
+            lambda: self._stub.ListJobs(request, metadata=self._metadata, timeout=self.timeout)
+        )
+        return [record_from_proto(job) for job in reply.jobs]
+
+    def get(self, job_id: str) -> JobRecord:
+        request = admin_pb2.GetJobRequest(job_id=job_id)
+        return record_from_proto(self._call(
+            lambda: self._stub.GetJob(request, metadata=self._metadata, timeout=self.timeout)
+        ))
+
+    def clone(self, job_id: str) -> SubmitResult:
+        """A new job with the same definition, submitted by the caller."""
+        request = admin_pb2.CloneJobRequest(job_id=job_id)
+        reply = self._call(
+            lambda: self._stub.CloneJob(request, metadata=self._metadata, timeout=self.timeout)
+        )
+        return SubmitResult(reply.job_id)
+
+    def delete(self, job_id: str) -> None:
+        """Delete a job in a final status (its record and stored objects)."""
+        request = admin_pb2.DeleteJobRequest(job_id=job_id)
+        self._call(
+            lambda: self._stub.DeleteJob(request, metadata=self._metadata, timeout=self.timeout)
+        )
+
+    def abort(self, job_id: str, reason: str = "") -> JobRecord:
+        request = admin_pb2.AbortJobRequest(job_id=job_id, reason=reason)
+        return record_from_proto(self._call(
+            lambda: self._stub.AbortJob(request, metadata=self._metadata, timeout=self.timeout)
+        ))
+
+    def download(self, job_id: str, out: BinaryIO, *, result: bool = False) -> int:
+        """Write the job's definition zip (or, with `result`, its result) to `out`; returns
+        the number of bytes written."""
+        request = admin_pb2.DownloadJobRequest(job_id=job_id, result=result)
+        written = 0
+        for chunk in self._stream(self._stub.DownloadJob(request, metadata=self._metadata)):
+            out.write(chunk.data)
+            written += len(chunk.data)
+        return written
+
+    def watch(self, job_id: str) -> Iterator[JobRecord]:
+        """The job's record now and after every status change; ends after a final status."""
+        request = admin_pb2.GetJobRequest(job_id=job_id)
+        for record in self._stream(self._stub.WatchJob(request, metadata=self._metadata)):
+            yield record_from_proto(record)
+
+    # -- sites -----------------------------------------------------------------------------
+    def sites(self) -> builtins.list[SiteInfo]:
+        request = admin_pb2.ListSitesRequest()
+        reply = self._call(
+            lambda: self._stub.ListSites(request, metadata=self._metadata, timeout=self.timeout)
+        )
+        return [
+            SiteInfo(site.last_heartbeat.site, site.online,
+                     site_heartbeat_from_proto(site.last_heartbeat))
+            for site in reply.sites
+        ]

@@ -1,0 +1,223 @@
+"""What the gateway does for an authenticated admin: authorise, then ask the job-store.
+
+The gateway owns no job state. Every job command goes to the job-store over the bus
+(`Names.service_queue("job-store")`, messages of jobstore.proto and admin.proto); uploads are
+staged in S3 first and downloads are streamed from presigned URLs the job-store hands out.
+Each method takes the caller and the decoded request and returns the reply message or raises
+a `FedhiveError`; the servicer (servicer.py) translates errors to gRPC once.
+
+Authorisation: `fedhive.auth.decide` on the action and, for job actions, the job's submitter
+(read from the job-store first). Every decision is logged with user, action and job.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
+
+from fedhive.auth import Action, Admin, decide, denial
+from fedhive.blobs import BlobStore
+from fedhive.bus import Bus
+from fedhive.errors import InvalidArgument, NotFound, Unavailable
+from fedhive.jobs.archive import MiB
+from fedhive.jobs.serde import status_from_proto, submitter_from_proto, submitter_to_proto
+from fedhive.names import Names
+from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2
+
+from .download import stream_url
+
+M = TypeVar("M", bound=Message)
+JOB_STORE = "job-store"
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    max_archive_bytes: int = 256 * MiB  # an upload past this is refused while it arrives
+    rpc_timeout: float = 30.0  # per job-store call
+    submit_timeout: float = 120.0  # the job-store validates and stores the archive
+    watch_interval: float = 0.5  # how often WatchJob re-reads the job
+    chunk_size: int = 1 * MiB  # DownloadJob chunk size
+    url_expiry_s: int = 600  # lifetime of the presigned URLs the gateway asks for
+
+
+class Gateway:
+    def __init__(
+        self, bus: Bus, blobs: BlobStore, names: Names, config: GatewayConfig, log: Any
+    ) -> None:
+        self._bus = bus
+        self._blobs = blobs
+        self._names = names
+        self._config = config
+        self._log = log
+        self._queue = names.service_queue(JOB_STORE)
+        self._closing = threading.Event()
+
+    def close(self) -> None:
+        """End running WatchJob streams (with UNAVAILABLE: the client may watch again)."""
+        self._closing.set()
+
+    # -- authorisation ---------------------------------------------------------------------
+    def _authorize(
+        self, admin: Admin, action: Action, job: job_pb2.JobRecord | None = None
+    ) -> None:
+        submitter = submitter_from_proto(job.submitter) if job is not None else None
+        decision = decide(admin, action, submitter)
+        job_id = job.job_id if job is not None else None
+        self._log.info(
+            "authz.allowed" if decision.allowed else "authz.denied",
+            user=admin.name, org=admin.org, role=admin.role.value, action=action.value,
+            job_id=job_id, right=decision.right.value, reason=decision.reason,
+        )
+        if not decision.allowed:
+            raise denial(admin, decision, job_id)
+
+    def _job_for(self, admin: Admin, action: Action, job_id: str) -> job_pb2.JobRecord:
+        """Read the job (NOT_FOUND names it) and authorise `action` on it."""
+        job = self._call(admin_pb2.GetJobRequest(job_id=_job_id(job_id)), job_pb2.JobRecord)
+        self._authorize(admin, action, job)
+        return job
+
+    def _call(self, request: Message, reply_type: type[M], timeout: float | None = None) -> M:
+        return self._bus.call(self._queue, request, reply_type,
+                              timeout=timeout or self._config.rpc_timeout)
+
+    # -- AdminService ----------------------------------------------------------------------
+    def submit(self, admin: Admin, chunks: Iterable[admin_pb2.SubmitJobChunk]
+               ) -> admin_pb2.SubmitJobReply:
+        self._authorize(admin, Action.SUBMIT)
+        started = time.monotonic()
+        options, parts = self._receive(chunks)
+        received = time.monotonic()
+        key = self._names.staging_key(uuid.uuid4().hex)
+        self._blobs.put(key, parts)
+        staged = time.monotonic()
+        request = jobstore_pb2.StoreSubmitJob(
+            staging_key=key, submitter=submitter_to_proto(admin.as_submitter()),
+            submission_id=options.submission_id, queue_anyway=options.queue_anyway,
+        )
+        # The job-store deletes the staged archive once it has stored or refused it.
+        reply = self._call(request, admin_pb2.SubmitJobReply, self._config.submit_timeout)
+        self._log.info("job.submitted", user=admin.name, job_id=reply.job_id,
+                       existed=reply.existed, bytes=sum(len(p) for p in parts),
+                       receive_ms=_ms(received - started), stage_ms=_ms(staged - received),
+                       store_ms=_ms(time.monotonic() - staged))
+        return reply
+
+    def _receive(self, chunks: Iterable[admin_pb2.SubmitJobChunk]
+                 ) -> tuple[admin_pb2.SubmitJobChunk, list[bytes]]:
+        """The first chunk (it carries the options) and the archive's parts, size-checked as
+        they arrive so an oversized upload is refused before it is all received."""
+        limit = self._config.max_archive_bytes
+        options: admin_pb2.SubmitJobChunk | None = None
+        parts: list[bytes] = []
+        total = 0
+        for chunk in chunks:
+            if options is None:
+                options = chunk
+            total += len(chunk.data)
+            if total > limit:
+                raise InvalidArgument(
+                    f"job archive is larger than the limit of {_size(limit)}", field="archive"
+                )
+            if chunk.data:
+                parts.append(chunk.data)
+        if options is None or total == 0:
+            raise InvalidArgument("the job archive is empty", field="archive")
+        return options, parts
+
+    def list_jobs(self, admin: Admin, request: admin_pb2.ListJobsRequest
+                  ) -> admin_pb2.ListJobsReply:
+        self._authorize(admin, Action.LIST)
+        if request.limit < 0:
+            raise InvalidArgument(f"limit must not be negative, got {request.limit}",
+                                  field="limit")
+        return self._call(request, admin_pb2.ListJobsReply)
+
+    def get_job(self, admin: Admin, job_id: str) -> job_pb2.JobRecord:
+        self._authorize(admin, Action.GET)
+        return self._call(admin_pb2.GetJobRequest(job_id=_job_id(job_id)), job_pb2.JobRecord)
+
+    def clone_job(self, admin: Admin, job_id: str) -> admin_pb2.SubmitJobReply:
+        job = self._job_for(admin, Action.CLONE, job_id)
+        request = jobstore_pb2.StoreCloneJob(
+            job_id=job.job_id, submitter=submitter_to_proto(admin.as_submitter())
+        )
+        reply = self._call(request, admin_pb2.SubmitJobReply)
+        self._log.info("job.cloned", user=admin.name, job_id=reply.job_id,
+                       cloned_from=job.job_id)
+        return reply
+
+    def delete_job(self, admin: Admin, job_id: str) -> admin_pb2.DeleteJobReply:
+        job = self._job_for(admin, Action.DELETE, job_id)
+        reply = self._call(admin_pb2.DeleteJobRequest(job_id=job.job_id),
+                           admin_pb2.DeleteJobReply)
+        self._log.info("job.deleted", user=admin.name, job_id=job.job_id)
+        return reply
+
+    def abort_job(self, admin: Admin, request: admin_pb2.AbortJobRequest) -> job_pb2.JobRecord:
+        job = self._job_for(admin, Action.ABORT, request.job_id)
+        reason = request.reason or f"aborted by {admin.name}"
+        record = self._call(admin_pb2.AbortJobRequest(job_id=job.job_id, reason=reason),
+                            job_pb2.JobRecord)
+        self._log.info("job.aborted", user=admin.name, job_id=job.job_id)
+        return record
+
+    def download_job(self, admin: Admin, request: admin_pb2.DownloadJobRequest
+                     ) -> Iterator[bytes]:
+        """The definition (or result) bytes in chunks; errors before the first chunk."""
+        job = self._job_for(admin, Action.DOWNLOAD, request.job_id)
+        urls = self._call(
+            jobstore_pb2.StoreDownloadJob(job_id=job.job_id,
+                                          expires_in_s=self._config.url_expiry_s),
+            jobstore_pb2.StoreDownloadReply,
+        )
+        what = f"job {job.job_id} {'result' if request.result else 'definition'}"
+        url = urls.result_url if request.result else urls.definition_url
+        if not url:
+            raise NotFound(f"{what}: the job has none", field="result")
+        self._log.info("job.download", user=admin.name, job_id=job.job_id,
+                       result=request.result)
+        return stream_url(url, what, chunk_size=self._config.chunk_size,
+                          timeout=self._config.rpc_timeout)
+
+    def watch_job(self, admin: Admin, job_id: str, active: Callable[[], bool]
+                  ) -> Iterator[job_pb2.JobRecord]:
+        """The job's record now and at every status change, ending after a final status."""
+        self._authorize(admin, Action.WATCH)
+        request = admin_pb2.GetJobRequest(job_id=_job_id(job_id))
+        seen: tuple[int, int] | None = None
+        while active():
+            record = self._call(request, job_pb2.JobRecord)
+            state = (record.status, len(record.history))
+            if state != seen:
+                seen = state
+                yield record
+            status = status_from_proto(record.status)
+            if status is not None and status.is_final:
+                return
+            if self._closing.wait(self._config.watch_interval):
+                raise Unavailable("the gateway is shutting down; watch again", field="gateway")
+
+    def list_sites(self, admin: Admin) -> admin_pb2.ListSitesReply:
+        self._authorize(admin, Action.SITES)
+        return self._call(admin_pb2.ListSitesRequest(), admin_pb2.ListSitesReply)
+
+
+def _job_id(job_id: str) -> str:
+    if not job_id.strip():
+        raise InvalidArgument("job_id is required", field="job_id")
+    return job_id.strip()
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+def _size(n: int) -> str:
+    return f"{n / MiB:g} MiB" if n >= MiB else f"{n} bytes"

@@ -6,4 +6,8 @@ pytest_plugins = [
     "tests.fixtures.bus",
     "tests.fixtures.state",
     "tests.fixtures.blobs",
+    "tests.fixtures.site_agent",
+    "tests.fixtures.job_store",
+    "tests.fixtures.gateway",
+    "tests.fixtures.sites",
 ]

@@ -174,7 +174,8 @@ def run(repeat: int, jobs: int) -> dict[str, Any]:
         finally:
             clean(settings)
     results.update(jobs_in_store=jobs, repeat=repeat, s3=s3, python=platform.python_version(),
-                   cpus=os.cpu_count(), machine=platform.machine())
+                   cpus=os.cpu_count(), machine=platform.machine(),
+                   loadavg_1_5_15_at_end=[round(x, 2) for x in os.getloadavg()])
     return results
 
 

@@ -24,8 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ sys.path.insert(0, str(ROOT))  # for tests.fixtures.infra (the SeaweedFS launche
 import boto3  # noqa: E402
 import numpy as np  # noqa: E402
 from botocore.config import Config  # noqa: E402
+from support import BUCKET, bench_settings  # noqa: E402  (bench/support.py, beside this script)
 
 from fedhive.blobs import (  # noqa: E402
     PresignedFetcher,
@@ -49,26 +48,6 @@ from fedhive.logging import configure  # noqa: E402
 from fedhive.proto.v1 import common_pb2  # noqa: E402
 
 MiB = 1024 * 1024
-BUCKET = "fedhive-bench"
-
-
-@contextmanager
-def s3_settings() -> Iterator[tuple[Settings, str]]:
-    settings = dataclasses.replace(Settings.from_env(), s3_bucket=BUCKET, namespace="bench")
-    if settings.s3_endpoint_url is not None:
-        yield settings, settings.s3_endpoint_url
-        return
-    from tests.fixtures.infra import start_seaweedfs, stop_process
-
-    with tempfile.TemporaryDirectory(prefix="fedhive-bench-s3-") as tmp:
-        proc, server = start_seaweedfs(Path(tmp))
-        try:
-            yield dataclasses.replace(
-                settings, s3_endpoint_url=server.endpoint_url, s3_region=server.region,
-                aws_access_key_id=server.access_key, aws_secret_access_key=server.secret_key,
-            ), "SeaweedFS (started by the benchmark)"
-        finally:
-            stop_process(proc)
 
 
 def plain_client(settings: Settings) -> Any:
@@ -214,7 +193,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.worker, args.job)))
         return
-    with s3_settings() as (settings, endpoint), tempfile.TemporaryDirectory() as tmp:
+    with bench_settings("bench") as (settings, endpoint), tempfile.TemporaryDirectory() as tmp:
         S3BlobStore.from_settings(settings).ensure_bucket()
         cases = {
             case: bench_case(case, args.size_mib, args.repeat, settings, Path(tmp))

@@ -21,7 +21,6 @@ bench/results/jobs.json.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -31,16 +30,16 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.fixtures (the service launchers, SeaweedFS)
 
+from support import bench_settings  # noqa: E402  (bench/support.py, beside this script)
+
 from fedhive.blobs import S3BlobStore  # noqa: E402
-from fedhive.bus import RabbitBus  # noqa: E402
 from fedhive.config import Settings  # noqa: E402
 from fedhive.jobs.definition import load_job  # noqa: E402
 from fedhive.jobs.record import JobMeta, Submitter  # noqa: E402
@@ -48,51 +47,11 @@ from fedhive.logging import configure  # noqa: E402
 from fedhive.proto.v1 import admin_pb2  # noqa: E402
 from fedhive.sdk import Session  # noqa: E402
 from fedhive.state import RedisStateStore  # noqa: E402
-from tests.fixtures.bus import Broker  # noqa: E402
-from tests.fixtures.gateway import GatewayProcess, write_admins  # noqa: E402
-from tests.fixtures.infra import start_seaweedfs, stop_process  # noqa: E402
-from tests.fixtures.job_store import JobStoreProcess, job_zip  # noqa: E402
+from tests.fixtures.gateway import clean_namespace, running_stack  # noqa: E402
+from tests.fixtures.job_store import job_zip  # noqa: E402
 
 MiB = 1024 * 1024
-BUCKET = "fedhive-bench"
 USER = "lead@a"
-
-
-@contextmanager
-def bench_settings() -> Iterator[tuple[Settings, str]]:
-    settings = dataclasses.replace(Settings.from_env(), s3_bucket=BUCKET,
-                                   namespace=f"bench-jobs-{secrets.token_hex(3)}")
-    if settings.s3_endpoint_url is not None:
-        yield settings, settings.s3_endpoint_url
-        return
-    with tempfile.TemporaryDirectory(prefix="fedhive-bench-s3-") as tmp:
-        proc, server = start_seaweedfs(Path(tmp))
-        try:
-            yield dataclasses.replace(
-                settings, s3_endpoint_url=server.endpoint_url, s3_region=server.region,
-                aws_access_key_id=server.access_key, aws_secret_access_key=server.secret_key,
-            ), "SeaweedFS (started by the benchmark)"
-        finally:
-            stop_process(proc)
-
-
-@contextmanager
-def services(settings: Settings, workdir: Path) -> Iterator[GatewayProcess]:
-    admins = write_admins(workdir / "admins.json")
-    client = RabbitBus(settings, name="bench-client")
-    job_store = JobStoreProcess(settings, workdir / "job-store.log")
-    gateway = GatewayProcess(settings, admins, workdir / "gateway.log")
-    try:
-        job_store.start()
-        job_store.wait_ready(client)
-        gateway.start()
-        gateway.wait_ready()
-        yield gateway
-    finally:
-        gateway.stop()
-        job_store.stop()
-        client.close()
-        Broker(settings.amqp_url, settings.namespace).delete_all()
 
 
 def archive_of(size: int) -> bytes:
@@ -149,10 +108,11 @@ def clean(settings: Settings) -> None:
 
 def run(repeat: int, jobs: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    with bench_settings() as (settings, s3), tempfile.TemporaryDirectory() as tmp, \
-            services(settings, Path(tmp)) as gateway:
+    namespace = f"bench-jobs-{secrets.token_hex(3)}"
+    with bench_settings(namespace) as (settings, s3), tempfile.TemporaryDirectory() as tmp:
         try:
-            with gateway.session(USER) as session:
+            with running_stack(settings, Path(tmp)) as stack, \
+                    stack.gateway.session(USER) as session:
                 for label, size in (("1mib", MiB), ("50mib", 50 * MiB)):
                     archive = archive_of(size)
                     normalised = load_job(archive).to_zip()
@@ -172,7 +132,7 @@ def run(repeat: int, jobs: int) -> dict[str, Any]:
                 results["list_10k_first_page_p95_ms"] = listing["p95_ms"]
                 results["list_page_size"] = len(session.list())
         finally:
-            clean(settings)
+            clean_namespace(settings)
     results.update(jobs_in_store=jobs, repeat=repeat, s3=s3, python=platform.python_version(),
                    cpus=os.cpu_count(), machine=platform.machine(),
                    loadavg_1_5_15_at_end=[round(x, 2) for x in os.getloadavg()])

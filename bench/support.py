@@ -1,0 +1,34 @@
+"""What the benchmarks share: settings pointing at an S3 server (the configured one, or a
+SeaweedFS started for the run)."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fedhive.config import Settings
+from tests.fixtures.infra import start_seaweedfs, stop_process
+
+BUCKET = "fedhive-bench"
+
+
+@contextmanager
+def bench_settings(namespace: str) -> Iterator[tuple[Settings, str]]:
+    """Settings from the environment with `namespace` and the bench bucket, and a description
+    of the S3 server used: FEDHIVE_S3_ENDPOINT_URL when set, else a SeaweedFS started here."""
+    settings = dataclasses.replace(Settings.from_env(), s3_bucket=BUCKET, namespace=namespace)
+    if settings.s3_endpoint_url is not None:
+        yield settings, settings.s3_endpoint_url
+        return
+    with tempfile.TemporaryDirectory(prefix="fedhive-bench-s3-") as tmp:
+        proc, server = start_seaweedfs(Path(tmp))
+        try:
+            yield dataclasses.replace(
+                settings, s3_endpoint_url=server.endpoint_url, s3_region=server.region,
+                aws_access_key_id=server.access_key, aws_secret_access_key=server.secret_key,
+            ), "SeaweedFS (started by the benchmark)"
+        finally:
+            stop_process(proc)

@@ -2,7 +2,7 @@
 
 Consumes `site.*.{heartbeat,online,offline,job}` on the events queue
 `Names.events_queue("heartbeats")` (shared by every job-runner replica: each event is handled
-once) with a `BatchConsumer`: deliveries gathered for up to 0.1 s are verified one by one
+once) with `Bus.subscribe_batches`: deliveries gathered for up to 0.1 s are verified one by one
 (`fedhive.sites.intake.accept`), written in one Redis script call, the `site.online` /
 `site.offline` transitions they produced are published, and the batch is acked with one frame.
 A sweeper thread looks for sites whose record expired.
@@ -19,18 +19,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from fedhive.bus import Bus, Topology, TypeRegistry
-from fedhive.bus.connection import connection_parameters
-from fedhive.config import Settings
+from fedhive.bus import Batch, Bus, Subscription
 from fedhive.errors import MalformedMessage, PermissionDenied
-from fedhive.names import Names
 from fedhive.proto.v1 import site_pb2
 from fedhive.sites import intake
 from fedhive.sites.intake import IntakeConfig, SiteEvent, Transition
 from fedhive.sites.serde import site_heartbeat_to_proto
 from fedhive.state import SitePresence
-
-from .batch_consumer import Batch, BatchConsumer
 
 CONSUMER = "heartbeats"
 MAX_BATCH = 500
@@ -41,40 +36,31 @@ class HeartbeatIntake:
     """Started by `start()`, stopped by `close()`; the bus and the store belong to the caller."""
 
     def __init__(
-        self,
-        settings: Settings,
-        bus: Bus,
-        presence: SitePresence,
-        config: IntakeConfig,
-        log: Any,
-        *,
-        name: str = "job-runner",
+        self, bus: Bus, presence: SitePresence, config: IntakeConfig, log: Any
     ) -> None:
         self._bus = bus
         self._presence = presence
         self._config = config
         self._log = log.bind(component="heartbeat-intake")
-        topology = Topology(Names(settings.namespace))
-        params = connection_parameters(settings.amqp_url,
-                                       name=f"{settings.namespace}.{name}.heartbeats")
-        self._consumer = BatchConsumer(
-            params, topology, topology.events_queue(CONSUMER, intake.PATTERNS),
-            TypeRegistry([site_pb2.SiteHeartbeat, site_pb2.JobHeartbeat]), self.handle_batch,
-            max_batch=MAX_BATCH, max_wait_s=BATCH_WAIT_S,
-        )
+        self._consumer: Subscription | None = None
         self._stop = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep_loop, name="heartbeat-sweeper",
                                          daemon=True)
 
     def start(self) -> None:
         self._sweeper.start()
-        self._consumer.start()
+        self._consumer = self._bus.subscribe_batches(
+            CONSUMER, intake.PATTERNS, self.handle_batch,
+            [site_pb2.SiteHeartbeat, site_pb2.JobHeartbeat],
+            max_batch=MAX_BATCH, max_wait_s=BATCH_WAIT_S,
+        )
         self._log.info("heartbeat_intake.started", site_ttl_s=self._config.site_ttl_s,
                        sweep_interval_s=self._config.sweep_interval_s)
 
     def close(self) -> None:
         self._stop.set()
-        self._consumer.stop()
+        if self._consumer is not None:
+            self._consumer.stop()
         if self._sweeper.is_alive():
             self._sweeper.join()
 

@@ -40,7 +40,7 @@ class JobRunner:
 def build(settings: Settings, log: Any, *, config: IntakeConfig) -> JobRunner:
     state = RedisStateStore.from_settings(settings)
     bus = RabbitBus(settings, name=SERVICE, sign=True)
-    heartbeats = HeartbeatIntake(settings, bus, state, config, log, name=SERVICE)
+    heartbeats = HeartbeatIntake(bus, state, config, log)
     try:
         heartbeats.start()
     except BaseException:

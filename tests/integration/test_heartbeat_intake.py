@@ -55,8 +55,7 @@ def start_intake(
 
     def start(config: IntakeConfig) -> HeartbeatIntake:
         bus = RabbitBus(settings, name=f"intake-{len(running)}", sign=True)
-        heartbeats = HeartbeatIntake(settings, bus, store, config, structlog.get_logger(),
-                                     name=f"intake-{len(running)}")
+        heartbeats = HeartbeatIntake(bus, store, config, structlog.get_logger())
         heartbeats.start()
         running.append((heartbeats, bus))
         return heartbeats

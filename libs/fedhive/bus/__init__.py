@@ -14,6 +14,9 @@ Threading model (pika is not thread-safe; every connection is used by one thread
   may publish or call. RPC callers share the connection: whoever waits services it in short
   slices and delivers every reply by correlation id, so concurrent calls do not queue behind a
   slow one. A keep-alive thread services idle connections so heartbeats keep flowing.
+* `subscribe_batches` (heartbeats): one thread and connection per consumer, handling whole
+  batches on that thread and acking each batch with one frame, for rates where a handler
+  thread per message would cost more than the work.
 * `Consumer.stop()` / `RabbitBus.close()`: stop consuming, let running handlers finish and
   ack, close connections, join threads. Prefetched messages not yet started are redelivered.
 
@@ -22,6 +25,7 @@ reconnect (at-least-once: deduplicate by `message_id`); consumers ack only after
 returned; failures are dead-lettered, never looped (see `fedhive.bus.consumer`).
 """
 
+from fedhive.bus.batch import Batch, BatchConsumer, BatchHandler
 from fedhive.bus.codec import TypeRegistry
 from fedhive.bus.consumer import Consumer, Delivery, Handler
 from fedhive.bus.port import Bus, Subscription
@@ -29,6 +33,9 @@ from fedhive.bus.rabbitmq import RabbitBus
 from fedhive.bus.topology import QueueSpec, Topology
 
 __all__ = [
+    "Batch",
+    "BatchConsumer",
+    "BatchHandler",
     "Bus",
     "Consumer",
     "Delivery",

@@ -62,6 +62,24 @@ class Delivery:
     timestamp: int | None
     headers: Mapping[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_amqp(cls, queue: str, method: Any, props: Any) -> Delivery:
+        """From pika's delivery method and message properties."""
+        headers = props.headers or {}
+        return cls(
+            queue=queue,
+            message_id=props.message_id,
+            type_name=props.type or "",
+            routing_key=method.routing_key,
+            redelivered=bool(method.redelivered),
+            delivery_count=int(headers.get("x-delivery-count", 0)),
+            user_id=props.user_id,
+            reply_to=props.reply_to,
+            correlation_id=props.correlation_id,
+            timestamp=props.timestamp,
+            headers=headers,
+        )
+
 
 Handler = Callable[[Message, Delivery], Message | None]
 
@@ -175,20 +193,7 @@ class Consumer:
     def _on_message(
         self, session: _Session, channel: Any, method: Any, props: Any, body: bytes
     ) -> None:
-        headers = props.headers or {}
-        delivery = Delivery(
-            queue=self.spec.name,
-            message_id=props.message_id,
-            type_name=props.type or "",
-            routing_key=method.routing_key,
-            redelivered=bool(method.redelivered),
-            delivery_count=int(headers.get("x-delivery-count", 0)),
-            user_id=props.user_id,
-            reply_to=props.reply_to,
-            correlation_id=props.correlation_id,
-            timestamp=props.timestamp,
-            headers=headers,
-        )
+        delivery = Delivery.from_amqp(self.spec.name, method, props)
         tag = method.delivery_tag
         try:
             message = self._accepts.decode(props.type, body, queue=self.spec.name)

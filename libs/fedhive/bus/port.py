@@ -7,6 +7,7 @@ from typing import Protocol, TypeVar
 
 from google.protobuf.message import Message
 
+from fedhive.bus.batch import BatchHandler
 from fedhive.bus.consumer import Handler
 from fedhive.errors import FedhiveError
 
@@ -62,6 +63,20 @@ class Bus(Protocol):
         concurrency: int = 1,
     ) -> Subscription:
         """Consume events matching `patterns` on the queue `Names.events_queue(consumer)`."""
+
+    def subscribe_batches(
+        self,
+        consumer: str,
+        patterns: Sequence[str],
+        handle_batch: BatchHandler,
+        accepts: Iterable[type[Message]],
+        *,
+        max_batch: int = 500,
+        max_wait_s: float = 0.1,
+    ) -> Subscription:
+        """Like `subscribe`, for high-rate events: `handle_batch` gets up to `max_batch`
+        messages gathered for at most `max_wait_s`, on the connection's own thread (keep it
+        quick), and the batch is acked at once (requeued if it raises)."""
 
     def close(self) -> None:
         """Stop every subscription and close every connection."""

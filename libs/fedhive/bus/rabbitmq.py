@@ -9,6 +9,7 @@ from typing import TypeVar
 import pika
 from google.protobuf.message import Message
 
+from fedhive.bus.batch import BatchConsumer, BatchHandler
 from fedhive.bus.codec import TypeRegistry
 from fedhive.bus.connection import DEFAULT_HEARTBEAT, connect, connection_parameters
 from fedhive.bus.consumer import REDELIVERY, Consumer, Handler
@@ -52,7 +53,7 @@ class RabbitBus:
         self._publisher = Publisher(self._params("publisher"), self.topology, sign=sign,
                                     backoff=republish)
         self._rpc = RpcClient(self._params("rpc"), self.topology, sign=sign, backoff=republish)
-        self._consumers: list[Consumer] = []
+        self._consumers: list[Consumer | BatchConsumer] = []
         self._lock = threading.Lock()
 
     def _params(self, role: str) -> pika.URLParameters:
@@ -110,6 +111,26 @@ class RabbitBus:
     ) -> Consumer:
         spec = self.topology.events_queue(consumer, patterns)
         return self._start(spec, handler, accepts, prefetch, concurrency)
+
+    def subscribe_batches(
+        self,
+        consumer: str,
+        patterns: Sequence[str],
+        handle_batch: BatchHandler,
+        accepts: Iterable[type[Message]],
+        *,
+        max_batch: int = 500,
+        max_wait_s: float = 0.1,
+    ) -> BatchConsumer:
+        spec = self.topology.events_queue(consumer, patterns)
+        batches = BatchConsumer(
+            self._params(f"batches.{spec.name}"), self.topology, spec, TypeRegistry(accepts),
+            handle_batch, max_batch=max_batch, max_wait_s=max_wait_s,
+        )
+        batches.start()
+        with self._lock:
+            self._consumers.append(batches)
+        return batches
 
     def _start(
         self,

@@ -9,9 +9,10 @@ decodes deliveries on its connection thread, gathers them for up to `max_wait_s`
 batch with one `basic_ack(multiple=True)`. Between polls it sleeps `poll_s` (unless a full
 batch is waiting), so a steady trickle wakes it once per poll rather than once per message.
 
-It reuses the bus's building blocks (connection parameters, `connect` with the reconnect
-backoff, `Topology` declarations, `TypeRegistry` decoding, `Delivery`), so queue, dead-letter
-queue and bindings are exactly those of `Bus.subscribe`. Semantics:
+Built by `RabbitBus.subscribe_batches` from the same parts as `Consumer` (connection
+parameters, `connect` with the reconnect backoff, `Topology` declarations, `TypeRegistry`
+decoding, `Delivery`), so queue, dead-letter queue and bindings are exactly those of
+`Bus.subscribe`. Semantics:
 * a malformed message (no/unknown type, body that does not parse) is dead-lettered at once;
 * `handle_batch` returning: the batch is acked (the handler drops what it refuses itself);
 * `handle_batch` raising: the batch is requeued after a backoff; the quorum queue's delivery
@@ -32,14 +33,17 @@ import pika
 import structlog
 from google.protobuf.message import Message
 
-from fedhive.bus import Delivery, QueueSpec, Topology, TypeRegistry
+from fedhive.bus.codec import TypeRegistry
 from fedhive.bus.connection import RECONNECT, connect
+from fedhive.bus.consumer import Delivery
+from fedhive.bus.topology import QueueSpec, Topology
 from fedhive.errors import MalformedMessage, Unavailable
 from fedhive.retry import Backoff
 
 log = structlog.get_logger()
 
 Batch = list[tuple[Message, Delivery]]
+BatchHandler = Callable[[Batch], None]
 REQUEUE = Backoff(base=0.2, cap=5.0)
 
 
@@ -50,7 +54,7 @@ class BatchConsumer:
         topology: Topology,
         spec: QueueSpec,
         accepts: TypeRegistry,
-        handle_batch: Callable[[Batch], None],
+        handle_batch: BatchHandler,
         *,
         max_batch: int = 500,
         max_wait_s: float = 0.1,
@@ -139,14 +143,7 @@ class BatchConsumer:
                               reason=str(err))
             channel.basic_reject(method.delivery_tag, requeue=False)
             return
-        headers = props.headers or {}
-        batch.append((message, Delivery(
-            queue=self.spec.name, message_id=props.message_id, type_name=props.type or "",
-            routing_key=method.routing_key, redelivered=bool(method.redelivered),
-            delivery_count=int(headers.get("x-delivery-count", 0)), user_id=props.user_id,
-            reply_to=props.reply_to, correlation_id=props.correlation_id,
-            timestamp=props.timestamp, headers=headers,
-        )))
+        batch.append((message, Delivery.from_amqp(self.spec.name, method, props)))
         tags.append(method.delivery_tag)
 
     def _settle(self, channel: Any, batch: Batch, tags: list[int]) -> None:

@@ -99,6 +99,20 @@ class Names:
     def job_heartbeat_key(self, job_id: str, site: str) -> str:
         return self.key("job", job_id, "beat", site)
 
+    @property
+    def runs_key(self) -> str:
+        """Hash job_id -> the job-runner's entry for a job it dispatched and not yet finished
+        (the running-jobs table, read back by a restarted runner to re-attach)."""
+        return self.key("runs")
+
+    def server_job_alive_key(self, job_id: str) -> str:
+        """The server-job process's liveness record (expires unless the SJ renews it)."""
+        return self.key("job", job_id, "sj", "alive")
+
+    def server_job_outcome_key(self, job_id: str) -> str:
+        """What the server-job process reported when it ended (first report wins)."""
+        return self.key("job", job_id, "sj", "outcome")
+
     def lease_key(self, name: str) -> str:
         return self.key("lease", name)
 

@@ -233,3 +233,19 @@ def test_get_jobs_keeps_order_and_skips_missing(state_store: StateStore) -> None
     assert [r.job_id for r in records] == ["job-2", "job-0"]
     assert records[0] == state_store.get_job("job-2") and records[1].meta.name == "name-0"
     assert state_store.get_jobs([]) == []
+
+
+def test_dispatch_records_reservations_and_conditional_update(state_store: StateStore) -> None:
+    submit(state_store, "job-1")
+    done = state_store.change_status(
+        "job-1", JobStatus.SUBMITTED, JobStatus.DISPATCHED, "scheduled",
+        update=JobUpdate(sites=["s1"], reservations={"s1": "tok"}))
+    assert done.reservations == {"s1": "tok"}
+    assert state_store.get_job("job-1").reservations == {"s1": "tok"}
+    with pytest.raises(IllegalTransition, match="job-1 is DISPATCHED, not SUBMITTED"):
+        state_store.update_job("job-1", JobUpdate(pending_reason={"x": 1}),
+                               expected=JobStatus.SUBMITTED)
+    assert state_store.get_job("job-1").pending_reason == {}
+    kept = state_store.update_job("job-1", JobUpdate(schedule_count=2),
+                                  expected=JobStatus.DISPATCHED)
+    assert kept.schedule_count == 2

@@ -81,3 +81,12 @@ def test_remembered_value_expires(state_store: StateStore) -> None:
         timeout=5,
         what="remembered value TTL",
     )
+
+
+def test_last_heartbeats_outlive_the_live_record(state_store: StateStore) -> None:
+    assert state_store.last_heartbeats() == {}
+    beat = SiteHeartbeat("s1", resources={"total": {"gpu": 1}}, sent_at_ms=5)
+    state_store.record_heartbeats([beat], 60)
+    bye = SiteHeartbeat("s1", resources={"total": {"gpu": 2}}, sent_at_ms=6)
+    assert state_store.mark_offline(bye)
+    assert state_store.last_heartbeats() == {"s1": bye}

@@ -60,6 +60,8 @@ class JobRecord:
     result_key: str = ""
     history: list[StatusChange] = field(default_factory=list)
     pending_reason: dict[str, Any] = field(default_factory=dict)  # empty: not waiting
+    # site -> reservation token of its check_resources, set with SUBMITTED -> DISPATCHED
+    reservations: dict[str, str] = field(default_factory=dict)
 
     @property
     def status_reason(self) -> str:

@@ -147,6 +147,7 @@ def record_to_proto(record: JobRecord) -> job_pb2.JobRecord:
         archive_key=record.archive_key,
         result_key=record.result_key,
         history=[change_to_proto(change) for change in record.history],
+        reservations=record.reservations,
     )
     if record.pending_reason:
         message.pending_reason.CopyFrom(dict_to_struct(record.pending_reason))
@@ -173,6 +174,7 @@ def record_from_proto(message: job_pb2.JobRecord) -> JobRecord:
         pending_reason=(
             struct_to_dict(message.pending_reason) if message.HasField("pending_reason") else {}
         ),
+        reservations=dict(message.reservations),
     )
 
 

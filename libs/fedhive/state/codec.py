@@ -2,8 +2,9 @@
 
 `{ns}:job:<id>` is a hash of strings, one field per record attribute: scalars as text, `meta`
 as the JSON of `fedhive.jobs.serde.meta_to_dict` (JSON rather than protobuf bytes so the
-record reads in redis-cli and keeps int/float apart), `sites`, `failed_sites` and
-`pending_reason` as JSON, times as epoch-millisecond integers (absent: not happened yet).
+record reads in redis-cli and keeps int/float apart), `sites`, `failed_sites`,
+`pending_reason` and `reservations` as JSON, times as epoch-millisecond integers (absent: not
+happened yet).
 `{ns}:job:<id>:history` is a list of JSON objects `{"from", "to", "reason", "at"}`, oldest
 first; the status reason is the reason of the last entry.
 """
@@ -36,6 +37,7 @@ def create_fields(meta: JobMeta, submitter: Submitter, archive_key: str) -> list
         "sites", "[]",
         "failed_sites", "[]",
         "pending_reason", "{}",
+        "reservations", "{}",
     ]  # fmt: skip
 
 
@@ -52,6 +54,7 @@ def update_fields(update: JobUpdate | None) -> list[str]:
         "failed_sites": None if update.failed_sites is None else _json(update.failed_sites),
         "archive_key": update.archive_key,
         "result_key": update.result_key,
+        "reservations": None if update.reservations is None else _json(update.reservations),
     }
     return [item for name, value in values.items() if value is not None for item in (name, value)]
 
@@ -103,6 +106,7 @@ def record_from_redis(key: str, fields: dict[str, str], history: Sequence[str]) 
             result_key=fields.get("result_key", ""),
             history=[_change(entry) for entry in history],
             pending_reason=json.loads(fields.get("pending_reason") or "{}"),
+            reservations=json.loads(fields.get("reservations") or "{}"),
         )
     except (KeyError, ValueError) as err:
         raise FedhiveError(f"job record {key} is corrupt: {err!r}", field=key) from err

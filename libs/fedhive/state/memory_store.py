@@ -174,11 +174,22 @@ class MemoryStateStore:
             return copy.deepcopy(record)
 
     def update_job(
-        self, job_id: str, update: JobUpdate, *, fence: Fence | None = None
+        self,
+        job_id: str,
+        update: JobUpdate,
+        *,
+        fence: Fence | None = None,
+        expected: JobStatus | None = None,
     ) -> JobRecord:
         with self._lock:
             record = self._job(job_id)
             self._check_fence(fence, f"job {job_id}: update refused")
+            if expected is not None and record.status != expected:
+                raise IllegalTransition(
+                    f"job {job_id} is {record.status.value}, not {expected.value}; "
+                    "job not updated",
+                    field="status",
+                )
             record = self._apply(record, update)
             self._jobs[job_id] = record
             return copy.deepcopy(record)
@@ -287,6 +298,10 @@ class MemoryStateStore:
             gone = sorted(site for site in self._online if not self._sites[site].alive())
             self._online.difference_update(gone)
             return [copy.deepcopy(self._last[site]) for site in gone]
+
+    def last_heartbeats(self) -> dict[str, SiteHeartbeat]:
+        with self._lock:
+            return {site: copy.deepcopy(self._last[site]) for site in sorted(self._last)}
 
     def online_sites(self) -> list[str]:
         with self._lock:

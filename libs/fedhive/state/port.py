@@ -31,6 +31,7 @@ class JobUpdate:
     failed_sites: list[str] | None = None
     archive_key: str | None = None
     result_key: str | None = None
+    reservations: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,15 @@ class JobStore(Protocol):
         ...
 
     def update_job(
-        self, job_id: str, update: JobUpdate, *, fence: Fence | None = None
+        self,
+        job_id: str,
+        update: JobUpdate,
+        *,
+        fence: Fence | None = None,
+        expected: JobStatus | None = None,
     ) -> JobRecord:
-        """Set non-status fields atomically (NotFound, StaleFencingToken as above)."""
+        """Set non-status fields atomically (NotFound, StaleFencingToken as above); with
+        `expected`, only while the job is in that status (else IllegalTransition)."""
         ...
 
     def delete_job(self, job_id: str) -> bool:
@@ -168,6 +175,11 @@ class SitePresence(Protocol):
     def sweep_expired(self) -> list[SiteHeartbeat]:
         """Sites marked online whose live record has expired: each is marked offline and
         returned, with its last known heartbeat, to exactly one caller."""
+        ...
+
+    def last_heartbeats(self) -> dict[str, SiteHeartbeat]:
+        """Every site's last recorded heartbeat (live or not), by site name: what a site last
+        reported about itself, e.g. its resources' totals, after it went offline too."""
         ...
 
     def online_sites(self) -> list[str]:

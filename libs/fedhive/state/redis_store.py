@@ -238,15 +238,26 @@ class RedisStateStore:
         )
 
     def update_job(
-        self, job_id: str, update: JobUpdate, *, fence: Fence | None = None
+        self,
+        job_id: str,
+        update: JobUpdate,
+        *,
+        fence: Fence | None = None,
+        expected: JobStatus | None = None,
     ) -> JobRecord:
         n = self._names
         fence_keys, token = self._fence_parts(fence, n)
         keys = [n.job_key(job_id), n.job_history_key(job_id), *fence_keys]
-        args = [token, *codec.update_fields(update)]
+        args = [token, expected.value if expected else "", *codec.update_fields(update)]
         reply = self._script(f"update job {job_id}", scripts.UPDATE_JOB, keys, args)
         if reply[0] == scripts.NOT_FOUND:
             raise NotFound(f"job {job_id} not found", field="job_id")
+        if reply[0] == scripts.STALE_STATUS:
+            assert expected is not None
+            raise IllegalTransition(
+                f"job {job_id} is {reply[1]}, not {expected.value}; job not updated",
+                field="status",
+            )
         if reply[0] == scripts.STALE_FENCE:
             assert fence is not None
             raise StaleFencingToken(
@@ -367,6 +378,12 @@ class RedisStateStore:
             site_heartbeat_from_dict(json.loads(raw)) if raw else SiteHeartbeat(site=site)
             for site, raw in zip(reply[::2], reply[1::2], strict=True)
         ]
+
+    def last_heartbeats(self) -> dict[str, SiteHeartbeat]:
+        key = self._names.sites_last_key
+        raws = cast(dict[str, str], self._call("read last heartbeats",
+                                               lambda: self._client.hgetall(key)))
+        return {site: site_heartbeat_from_dict(json.loads(raws[site])) for site in sorted(raws)}
 
     def online_sites(self) -> list[str]:
         key = self._names.sites_online_key

@@ -136,14 +136,17 @@ return record(KEYS[1], KEYS[2])
 UPDATE_JOB = LuaScript(
     Template(
         """-- KEYS: job, history [, fence]
--- ARGV: fence token or '', field, value, ...
+-- ARGV: fence token or '', expected status or '', field, value, ...
 $prelude
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'$not_found', ''} end
 if not fence_ok(KEYS[3], ARGV[1]) then return {'$stale_fence', redis.call('GET', KEYS[3]) or ''} end
-set_fields(KEYS[1], 2)
+local status = redis.call('HGET', KEYS[1], 'status')
+if ARGV[2] ~= '' and status ~= ARGV[2] then return {'$stale_status', status} end
+set_fields(KEYS[1], 3)
 return record(KEYS[1], KEYS[2])
 """
-    ).substitute(prelude=_PRELUDE, not_found=NOT_FOUND, stale_fence=STALE_FENCE)
+    ).substitute(prelude=_PRELUDE, not_found=NOT_FOUND, stale_fence=STALE_FENCE,
+                 stale_status=STALE_STATUS)
 )
 
 # KEYS: job, history, by-submit, by-status(s) for every status. ARGV: job_id.

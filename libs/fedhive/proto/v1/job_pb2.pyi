@@ -222,6 +222,26 @@ Global___StatusChange: _TypeAlias = StatusChange  # noqa: Y015
 class JobRecord(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ReservationsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     JOB_ID_FIELD_NUMBER: _builtins.int
     META_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
@@ -238,6 +258,7 @@ class JobRecord(_message.Message):
     RESULT_KEY_FIELD_NUMBER: _builtins.int
     HISTORY_FIELD_NUMBER: _builtins.int
     PENDING_REASON_FIELD_NUMBER: _builtins.int
+    RESERVATIONS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     status: Global___JobStatus.ValueType
     submit_time_ms: _builtins.int
@@ -262,6 +283,10 @@ class JobRecord(_message.Message):
     def pending_reason(self) -> _struct_pb2.Struct:
         """why a SUBMITTED job still waits"""
 
+    @_builtins.property
+    def reservations(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """site -> reservation token (set at DISPATCHED)"""
+
     def __init__(
         self,
         *,
@@ -281,10 +306,11 @@ class JobRecord(_message.Message):
         result_key: _builtins.str = ...,
         history: _abc.Iterable[Global___StatusChange] | None = ...,
         pending_reason: _struct_pb2.Struct | None = ...,
+        reservations: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "pending_reason", b"pending_reason", "submitter", b"submitter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["archive_key", b"archive_key", "end_time_ms", b"end_time_ms", "failed_sites", b"failed_sites", "history", b"history", "job_id", b"job_id", "last_schedule_time_ms", b"last_schedule_time_ms", "meta", b"meta", "next_schedule_time_ms", b"next_schedule_time_ms", "pending_reason", b"pending_reason", "result_key", b"result_key", "schedule_count", b"schedule_count", "sites", b"sites", "start_time_ms", b"start_time_ms", "status", b"status", "submit_time_ms", b"submit_time_ms", "submitter", b"submitter"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archive_key", b"archive_key", "end_time_ms", b"end_time_ms", "failed_sites", b"failed_sites", "history", b"history", "job_id", b"job_id", "last_schedule_time_ms", b"last_schedule_time_ms", "meta", b"meta", "next_schedule_time_ms", b"next_schedule_time_ms", "pending_reason", b"pending_reason", "reservations", b"reservations", "result_key", b"result_key", "schedule_count", b"schedule_count", "sites", b"sites", "start_time_ms", b"start_time_ms", "status", b"status", "submit_time_ms", b"submit_time_ms", "submitter", b"submitter"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

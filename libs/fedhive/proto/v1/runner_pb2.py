@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64hive/v1/runner.proto\x12\nfedhive.v1\".\n\x0fSiteReservation\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"^\n\x0b\x44ispatchJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66\x65nce_token\x18\x02 \x01(\x03\x12*\n\x05sites\x18\x03 \x03(\x0b\x32\x1b.fedhive.v1.SiteReservationb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64hive/v1/runner.proto\x12\nfedhive.v1\".\n\x0fSiteReservation\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"^\n\x0b\x44ispatchJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66\x65nce_token\x18\x02 \x01(\x03\x12*\n\x05sites\x18\x03 \x03(\x0b\x32\x1b.fedhive.v1.SiteReservation\"8\n\x08SiteGone\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,4 +36,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SITERESERVATION']._serialized_end=85
   _globals['_DISPATCHJOB']._serialized_start=87
   _globals['_DISPATCHJOB']._serialized_end=181
+  _globals['_SITEGONE']._serialized_start=183
+  _globals['_SITEGONE']._serialized_end=239
 # @@protoc_insertion_point(module_scope)

@@ -73,3 +73,33 @@ class DispatchJob(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DispatchJob: _TypeAlias = DispatchJob  # noqa: Y015
+
+@_typing.final
+class SiteGone(_message.Message):
+    """job-runner -> the job's server-job process, on `Names.job_server_queue(job_id)`: a site of
+    the job stopped reporting it (after it had) or went offline; workflows see it in their
+    context and go on with the remaining sites or fail per their minimums.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SITE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    site: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        site: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "reason", b"reason", "site", b"site"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SiteGone: _TypeAlias = SiteGone  # noqa: Y015

@@ -1,0 +1,127 @@
+"""The job-runner's running-jobs table and the server-job (SJ) liveness and outcome records.
+
+Kept in Redis, apart from the job record, so they outlive the processes that write them:
+
+* the running-jobs table (`Names.runs_key`, a hash job_id -> JSON `RunEntry`): a job the runner
+  took over and has not finished; a restarted runner reads it back to re-attach to its SJs;
+* the SJ's liveness record (`Names.server_job_alive_key`), renewed by the SJ itself while it
+  runs: a runner that is not the SJ's parent can still tell it is alive;
+* the SJ's outcome (`Names.server_job_outcome_key`), written once by the SJ when it ends
+  (first report wins), so the outcome does not depend on the runner being there to hear it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import redis
+
+from fedhive.config import Settings
+from fedhive.names import Names
+
+OUTCOME_TTL_S = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class SiteState:
+    """One site's part in a job, as the runner knows it (shown per site by `fedhive job`)."""
+
+    token: str = ""  # the reservation check_resources returned
+    allocated: bool = False
+    deployed: bool = False
+    started: bool = False
+    excluded: str = ""  # why the site was left out of the job, when it was
+    gone: str = ""  # why the SJ was told the site is gone, when it was
+    reported: bool = False  # the site sent a heartbeat for the job at least once
+    seen_online: bool = False  # the registry had the site online while the job ran
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    job_id: str
+    runner: str  # the holder id of the runner that owns the job
+    fence_token: int  # the runner's job-ownership lease token
+    phase: str  # deploying, starting, running
+    sites: dict[str, SiteState] = field(default_factory=dict)
+    workspace: str = ""  # the SJ's workspace folder on the runner host
+    pid: int = 0  # the SJ process (and process group) id, 0 before launch
+    pid_started: float = 0.0  # the SJ's process create time, so a reused pid is never killed
+
+    def with_site(self, site: str, **changes: Any) -> RunEntry:
+        sites = dict(self.sites)
+        sites[site] = replace(sites.get(site, SiteState()), **changes)
+        return replace(self, sites=sites)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunEntry:
+        values = json.loads(text)
+        values["sites"] = {k: SiteState(**v) for k, v in values.get("sites", {}).items()}
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the SJ ended: `completed`, or `exception` with the error text."""
+
+    result: str
+    error: str = ""
+
+    @property
+    def completed(self) -> bool:
+        return self.result == "completed"
+
+
+class RunTable:
+    """The records above on one Redis; cheap single-key operations, no scripts needed."""
+
+    def __init__(self, client: redis.Redis, names: Names) -> None:
+        self._client = client
+        self._names = names
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RunTable:
+        client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
+                                      socket_connect_timeout=5.0, socket_timeout=10.0)
+        return cls(client, Names(settings.namespace))
+
+    def close(self) -> None:
+        self._client.close()
+
+    # running-jobs table -----------------------------------------------------------------
+    def put(self, entry: RunEntry) -> None:
+        self._client.hset(self._names.runs_key, entry.job_id, entry.to_json())
+
+    def get(self, job_id: str) -> RunEntry | None:
+        text = self._client.hget(self._names.runs_key, job_id)
+        return RunEntry.from_json(str(text)) if text else None
+
+    def all(self) -> list[RunEntry]:
+        values = self._client.hgetall(self._names.runs_key)
+        return [RunEntry.from_json(str(text)) for _, text in sorted(values.items())]
+
+    def remove(self, job_id: str) -> None:
+        self._client.hdel(self._names.runs_key, job_id)
+
+    # server-job liveness and outcome ------------------------------------------------------
+    def beat(self, job_id: str, pid: int, ttl_s: float) -> None:
+        self._client.set(self._names.server_job_alive_key(job_id), str(pid),
+                         px=max(1, round(ttl_s * 1000)))
+
+    def alive(self, job_id: str) -> bool:
+        return bool(self._client.exists(self._names.server_job_alive_key(job_id)))
+
+    def report(self, job_id: str, outcome: Outcome) -> bool:
+        """Keep the SJ's outcome unless one is kept already; True if this one was kept."""
+        kept = self._client.set(self._names.server_job_outcome_key(job_id),
+                                json.dumps(asdict(outcome)), nx=True, ex=OUTCOME_TTL_S)
+        self._client.delete(self._names.server_job_alive_key(job_id))
+        return bool(kept)
+
+    def outcome(self, job_id: str) -> Outcome | None:
+        text = self._client.get(self._names.server_job_outcome_key(job_id))
+        return Outcome(**json.loads(str(text))) if text else None

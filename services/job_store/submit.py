@@ -21,6 +21,7 @@ from fedhive.jobs.definition import load_job
 from fedhive.jobs.record import JobMeta, JobRecord, Submitter
 from fedhive.jobs.serde import submitter_from_proto
 from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2
+from fedhive.scheduling.feasibility import never_runnable
 
 from .context import JobStoreContext, find_job, job_id_for, publish_status
 
@@ -51,6 +52,8 @@ def submit_job(
                 field="submission_id",
             )
         definition = load_job(_read_staged(ctx, staging), ctx.limits)
+        if not cmd.queue_anyway:
+            _refuse_never_runnable(ctx, definition.meta)
         archive = definition.to_zip()
         assert archive is not None  # to_zip() without a target returns the bytes
         if cmd.submission_id:
@@ -89,6 +92,18 @@ def clone_job(
         publish_status(ctx, record)
     bound.info("job.cloned")
     return admin_pb2.SubmitJobReply(job_id=job_id)
+
+
+def _refuse_never_runnable(ctx: JobStoreContext, meta: JobMeta) -> None:
+    """InvalidArgument when no registered site could ever run the job (see
+    `fedhive.scheduling.feasibility`); `queue_anyway` skips this."""
+    problems = never_runnable(meta, ctx.state.last_heartbeats())
+    if problems:
+        raise InvalidArgument(
+            f"job {meta.name!r} can never run: {'; '.join(problems)} "
+            "(submit with --queue-anyway to queue it anyway)",
+            field="resource_spec" if "in total" in problems[0] else "mandatory_clients",
+        )
 
 
 def _staging_key(key: str, ctx: JobStoreContext) -> str:

@@ -1,7 +1,123 @@
-"""`fedhive-scheduler`: decides when a job may run."""
+"""`fedhive-scheduler`: decides when a job may run (FLARE's DefaultJobScheduler semantics).
 
-from fedhive.service import usage_only
+Broker, Redis and namespace come from the FEDHIVE_* environment (`Settings`); the scheduling
+parameters are the options below. Run several replicas: one leads (Redis lease), the others
+wait to take over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+from fedhive.bus import RabbitBus
+from fedhive.config import Settings
+from fedhive.errors import FedhiveError
+from fedhive.names import Names
+from fedhive.scheduling import Scheduler, SchedulerConfig
+from fedhive.service import run
+from fedhive.state import RedisStateStore
+
+from .adapters import RUNNER_SERVICE, BusRunnerLink, BusSiteResources
+from .service import LoopConfig, SchedulerService
+
+SERVICE = "scheduler"
 
 
-def main() -> None:
-    usage_only("fedhive-scheduler", "fedhive scheduler: decides when a job may run.", issue=6)
+class Running:
+    def __init__(self, service: SchedulerService, bus: RabbitBus, state: RedisStateStore):
+        self.service, self.bus, self.state = service, bus, state
+
+    def close(self) -> None:
+        self.service.close()
+        self.bus.close()
+        self.state.close()
+
+
+def _clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def build(settings: Settings, log: Any, *, config: SchedulerConfig, loop: LoopConfig) -> Running:
+    state = RedisStateStore.from_settings(settings)
+    bus = RabbitBus(settings, name=SERVICE)
+    try:
+        names = Names(settings.namespace)
+        bus.declare_queue(names.service_queue(RUNNER_SERVICE))
+        scheduler = Scheduler(config, state, BusSiteResources(bus, names, log),
+                              BusRunnerLink(bus, names), _clock_ms, log)
+        service = SchedulerService(scheduler, state, bus, loop, log)
+        service.start()
+    except BaseException:
+        bus.close()
+        state.close()
+        raise
+    log.info("scheduler.configured", holder=service.holder, **vars(config))
+    return Running(service, bus, state)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be positive")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[SchedulerConfig, LoopConfig]:
+    d, dl = SchedulerConfig(), LoopConfig()
+    parser = argparse.ArgumentParser(
+        prog="fedhive-scheduler",
+        description="fedhive scheduler: decides when a job may run (FLARE DefaultJobScheduler "
+        "semantics). Broker, Redis and namespace come from FEDHIVE_* variables.")
+    add = parser.add_argument
+    add("--max-jobs", type=_count, default=d.max_jobs,
+        help="jobs DISPATCHED or RUNNING at once (default %(default)s)")
+    add("--max-schedule-count", type=_count, default=d.max_schedule_count,
+        help="failed tries before FINISHED:CAN_NOT_SCHEDULE (default %(default)s)")
+    add("--min-schedule-interval", type=_positive, default=d.min_schedule_interval_s,
+        metavar="SECONDS", help="wait after the first failed try; doubles after each "
+        "(default %(default)s)")
+    add("--max-schedule-interval", type=_positive, default=d.max_schedule_interval_s,
+        metavar="SECONDS", help="longest wait between tries (default %(default)s)")
+    add("--check-timeout", type=_positive, default=d.check_timeout_s, metavar="SECONDS",
+        help="a site that does not answer check_resources in time says no "
+        "(default %(default)s)")
+    add("--tick", type=_positive, default=dl.tick_s, metavar="SECONDS",
+        help="pass interval without wake-up events (default %(default)s)")
+    add("--lease-ttl", type=_positive, default=dl.lease_ttl_s, metavar="SECONDS",
+        help="leader lease lifetime (default %(default)s)")
+    add("--renew-interval", type=_positive, default=dl.renew_interval_s, metavar="SECONDS",
+        help="leader lease renewal interval (default %(default)s)")
+    args = parser.parse_args(argv)
+    try:
+        config = SchedulerConfig(
+            max_jobs=args.max_jobs, max_schedule_count=args.max_schedule_count,
+            min_schedule_interval_s=args.min_schedule_interval,
+            max_schedule_interval_s=args.max_schedule_interval,
+            check_timeout_s=args.check_timeout)
+    except FedhiveError as err:
+        parser.error(str(err))
+    if args.renew_interval >= args.lease_ttl:
+        parser.error("--renew-interval must be shorter than --lease-ttl")
+    return config, LoopConfig(args.tick, args.lease_ttl, args.renew_interval)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config, loop = parse_args(argv)
+    run(SERVICE, partial(build, config=config, loop=loop))

@@ -116,6 +116,8 @@ def print_job(console: Console, job: JobRecord, now_ms: int) -> None:
             value = ", ".join(value)
         details.add_row(key, "" if value is None else str(value))
     details.add_row("duration", _human_duration(job, now_ms))
+    if job.pending_reason:
+        details.add_row("waiting", str(job.pending_reason.get("summary", job.pending_reason)))
     deploy_map = job.meta.deploy_map.items()
     details.add_row("deploy_map", "; ".join(
         f"{app} -> {' '.join(targets) or '(nowhere)'}" for app, targets in deploy_map

@@ -10,4 +10,6 @@ pytest_plugins = [
     "tests.fixtures.job_store",
     "tests.fixtures.gateway",
     "tests.fixtures.sites",
+    "tests.fixtures.scheduler",
+    "tests.fixtures.job_runner",
 ]

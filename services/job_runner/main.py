@@ -1,54 +1,102 @@
 """`fedhive-job-runner`: deploys, starts, monitors and finishes jobs.
 
-Its first duty is the heartbeat intake and site registry (`heartbeats.py`); running jobs
-arrives with issue 6 beside it. Configured by the FEDHIVE_* environment (`Settings`) plus the
-liveness options below.
+Two duties in one process: the heartbeat intake and site registry (`heartbeats.py`), and
+running jobs: `DispatchJob` and `AbortJobRequest` on `{ns}.job-runner` (`dispatch.py`,
+`abort.py`) and the monitor thread (`monitor.py`) that ends jobs, re-attaches after a restart
+and heals from heartbeats. Configured by the FEDHIVE_* environment (`Settings`) plus the options
+below.
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
+import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
-from fedhive.bus import RabbitBus
+from google.protobuf.message import Message
+
+from fedhive.blobs import S3BlobStore
+from fedhive.bus import Delivery, Handler, RabbitBus
 from fedhive.config import Settings
+from fedhive.names import Names
+from fedhive.proto.v1 import admin_pb2, runner_pb2
 from fedhive.service import run
 from fedhive.sites.intake import IntakeConfig
 from fedhive.state import RedisStateStore
+from fedhive.state.runs import RunTable
 
+from .abort import handle_abort
+from .context import RunnerConfig, RunnerContext
+from .dispatch import handle_dispatch
 from .heartbeats import HeartbeatIntake
+from .monitor import Monitor, recover
 
 SERVICE = "job-runner"
+CONCURRENCY = 4  # dispatches and aborts at once: an abort never waits behind a deployment
 
 
 class JobRunner:
     """The composition of the running service; `close()` stops it in reverse order."""
 
-    def __init__(self, bus: RabbitBus, state: RedisStateStore, heartbeats: HeartbeatIntake):
-        self.bus = bus
+    def __init__(self, ctx: RunnerContext, blobs: S3BlobStore, state: RedisStateStore,
+                 bus: RabbitBus, heartbeats: HeartbeatIntake, monitor: Monitor) -> None:
+        self.ctx = ctx
+        self.blobs = blobs
         self.state = state
+        self.bus = bus
         self.heartbeats = heartbeats
+        self.monitor = monitor
 
     def close(self) -> None:
+        """Server jobs keep running: a runner started again with the same id re-attaches."""
         self.heartbeats.close()
         self.bus.close()
+        self.monitor.close()
+        self.ctx.runs.close()
+        self.blobs.close()
         self.state.close()
 
 
-def build(settings: Settings, log: Any, *, config: IntakeConfig) -> JobRunner:
+def make_handler(ctx: RunnerContext) -> Handler:
+    def handle(message: Message, delivery: Delivery) -> Message | None:
+        if isinstance(message, runner_pb2.DispatchJob):
+            handle_dispatch(ctx, message, delivery)
+            return None
+        assert isinstance(message, admin_pb2.AbortJobRequest)  # the bus filters types
+        return handle_abort(ctx, message, delivery)
+
+    return handle
+
+
+def build(settings: Settings, log: Any, *, options: Options) -> JobRunner:
     state = RedisStateStore.from_settings(settings)
+    blobs = S3BlobStore.from_settings(settings)
     bus = RabbitBus(settings, name=SERVICE, sign=True)
-    heartbeats = HeartbeatIntake(bus, state, config, log)
+    names = Names(settings.namespace)
+    ctx = RunnerContext(state=state, blobs=blobs, bus=bus, names=names,
+                        runs=RunTable.from_settings(settings), config=options.runner,
+                        log=log.bind(service=SERVICE))
+    heartbeats = HeartbeatIntake(bus, state, options.intake, log)
+    monitor = Monitor(ctx)
+    runner = JobRunner(ctx, blobs, state, bus, heartbeats, monitor)
     try:
         heartbeats.start()
+        recover(ctx)
+        monitor.start()
+        bus.serve(names.service_queue(SERVICE), make_handler(ctx),
+                  [runner_pb2.DispatchJob, admin_pb2.AbortJobRequest],
+                  prefetch=CONCURRENCY * 2, concurrency=CONCURRENCY)
     except BaseException:
-        heartbeats.close()
-        bus.close()
-        state.close()
+        runner.close()
         raise
-    return JobRunner(bus, state, heartbeats)
+    log.info("job_runner.serving", queue=names.service_queue(SERVICE),
+             holder=options.runner.holder, work_dir=str(options.runner.work_dir))
+    return runner
 
 
 def _positive(text: str) -> float:
@@ -61,12 +109,18 @@ def _positive(text: str) -> float:
     return value
 
 
-def parse_args(argv: Sequence[str] | None = None) -> IntakeConfig:
+@dataclass(frozen=True)
+class Options:
+    intake: IntakeConfig
+    runner: RunnerConfig
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
     defaults = IntakeConfig()
     parser = argparse.ArgumentParser(
         prog="fedhive-job-runner",
-        description="fedhive job-runner: heartbeat intake and site registry (running jobs "
-        "arrives with issue 6). Broker, Redis and namespace come from FEDHIVE_* variables.",
+        description="fedhive job-runner: runs dispatched jobs; heartbeat intake and site "
+        "registry. Broker, Redis and namespace come from FEDHIVE_* variables.",
     )
     parser.add_argument("--site-ttl", type=_positive, default=defaults.site_ttl_s,
                         metavar="SECONDS",
@@ -78,10 +132,28 @@ def parse_args(argv: Sequence[str] | None = None) -> IntakeConfig:
     parser.add_argument("--sweep-interval", type=_positive, default=defaults.sweep_interval_s,
                         metavar="SECONDS", help="how often expired sites are looked for "
                         "(default %(default)s)")
+    parser.add_argument("--runner-id", default=socket.gethostname(),
+                        help="this runner's id (default: the host name); a runner restarted "
+                        "with the same id re-attaches to the server jobs it left running")
+    parser.add_argument("--work-dir", type=Path,
+                        default=Path(tempfile.gettempdir()) / "fedhive-runner",
+                        help="where server jobs' workspaces go (default %(default)s)")
+    parser.add_argument("--sync-timeout", type=_positive, default=10.0, metavar="SECONDS",
+                        help="how long sites have to answer allocate, deploy and start; no "
+                        "answer is a failure (default %(default)s)")
+    parser.add_argument("--abort-grace", type=_positive, default=5.0, metavar="SECONDS",
+                        help="SIGTERM to SIGKILL of a server job (default %(default)s)")
     args = parser.parse_args(argv)
-    return IntakeConfig(site_ttl_s=args.site_ttl, job_ttl_s=args.job_ttl,
-                        sweep_interval_s=args.sweep_interval)
+    intake = IntakeConfig(site_ttl_s=args.site_ttl, job_ttl_s=args.job_ttl,
+                          sweep_interval_s=args.sweep_interval)
+    runner = RunnerConfig(holder=args.runner_id, work_dir=args.work_dir,
+                          sync_timeout_s=args.sync_timeout, abort_grace_s=args.abort_grace)
+    return Options(intake, runner)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run(SERVICE, partial(build, config=parse_args(argv)))
+    run(SERVICE, partial(build, options=parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -7,46 +7,37 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from google.protobuf.message import Message
-
 from fedhive.blobs import BlobStore
 from fedhive.errors import NotFound
+from fedhive.jobs import events
 from fedhive.jobs.archive import ArchiveLimits
-from fedhive.jobs.record import JobRecord, JobStatusEvent
-from fedhive.jobs.serde import event_to_proto
+from fedhive.jobs.record import JobRecord
 from fedhive.names import Names
+from fedhive.proto.v1 import admin_pb2, job_pb2
 from fedhive.state import StateStore
 
 
-class EventPublisher(Protocol):
-    """The part of the bus port the handlers use (`fedhive.bus.Bus` has it)."""
+class RunnerCaller(Protocol):
+    """The part of the bus port that reaches the job-runner (`fedhive.bus.Bus` has it)."""
 
-    def publish_event(
-        self, routing_key: str, message: Message, *, message_id: str | None = None
-    ) -> str: ...
+    def call(
+        self, queue: str, request: admin_pb2.AbortJobRequest,
+        reply_type: type[job_pb2.JobRecord], *, timeout: float,
+    ) -> job_pb2.JobRecord: ...
 
 
 @dataclass(frozen=True)
 class JobStoreContext:
     state: StateStore
     blobs: BlobStore
-    events: EventPublisher
+    events: events.EventPublisher
+    runner: RunnerCaller  # aborts of DISPATCHED/RUNNING jobs are the job-runner's
     names: Names
     limits: ArchiveLimits = field(default_factory=ArchiveLimits)
 
 
 def publish_status(ctx: JobStoreContext, record: JobRecord) -> None:
-    """Publish the record's latest status change as `job.status.<status>`.
-
-    The message id is `<job_id>:<history length>`: the same change always has the same id, so
-    a change published again after a redelivery can be recognised by subscribers.
-    """
-    change = record.history[-1]
-    ctx.events.publish_event(
-        Names.job_status_event(change.to_status.value),
-        event_to_proto(JobStatusEvent(record.job_id, change)),
-        message_id=f"{record.job_id}:{len(record.history)}",
-    )
+    events.publish_status(ctx.events, record)
 
 
 def job_id_for(namespace: str, message_id: str | None) -> str:

@@ -44,7 +44,7 @@ def build(settings: Settings, log: Any) -> JobStoreService:
     blobs.ensure_bucket()
     bus = RabbitBus(settings, name=SERVICE)
     try:
-        ctx = JobStoreContext(state=state, blobs=blobs, events=bus, names=names)
+        ctx = JobStoreContext(state=state, blobs=blobs, events=bus, runner=bus, names=names)
         bus.serve(
             names.service_queue(SERVICE),
             make_handler(ctx),

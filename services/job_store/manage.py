@@ -5,7 +5,15 @@ from __future__ import annotations
 import structlog
 
 from fedhive.bus import Delivery
-from fedhive.errors import FailedPrecondition, IllegalTransition, InvalidArgument, NotFound
+from fedhive.errors import (
+    FailedPrecondition,
+    IllegalTransition,
+    InvalidArgument,
+    NotFound,
+    RpcTimeout,
+    Unavailable,
+    Unroutable,
+)
 from fedhive.jobs.record import JobRecord
 from fedhive.jobs.serde import record_to_proto
 from fedhive.jobs.status import JobStatus
@@ -17,6 +25,8 @@ log = structlog.get_logger()
 
 DEFAULT_URL_LIFETIME_S = 3600
 MAX_URL_LIFETIME_S = 7 * 24 * 3600  # the longest an S3 presigned URL may live
+RUNNER = "job-runner"
+RUNNER_TIMEOUT_S = 30.0  # the runner answers once the job is ABORTED (cleanup follows)
 
 
 def delete_job(
@@ -73,10 +83,12 @@ def download_job(
 def abort_job(
     request: admin_pb2.AbortJobRequest, delivery: Delivery, ctx: JobStoreContext
 ) -> job_pb2.JobRecord:
-    """SUBMITTED -> FINISHED:ABORTED through the status compare-and-set, with its event.
+    """SUBMITTED -> FINISHED:ABORTED through the status compare-and-set, with its event; a
+    DISPATCHED or RUNNING job is the job-runner's: the request is forwarded to it (it stops the
+    server and client jobs and frees the sites) and its answer returned.
 
     A job the scheduler dispatches meanwhile loses the race cleanly (the CAS fails) and is
-    answered as a dispatched job. A redelivered abort of a job it already aborted re-publishes
+    forwarded as a dispatched job. A redelivered abort of a job it already aborted re-publishes
     the event and answers the record.
     """
     record = ctx.state.get_job(request.job_id)
@@ -95,16 +107,23 @@ def abort_job(
     if record.status == JobStatus.FINISHED_ABORTED and delivery.redelivered:
         publish_status(ctx, record)
         return record_to_proto(record)
-    raise _not_abortable(record)
-
-
-def _not_abortable(record: JobRecord) -> FailedPrecondition:
     if record.status.is_final:
-        return FailedPrecondition(
-            f"job {record.job_id} is already done ({record.status.value})", field="job_id"
+        raise FailedPrecondition(
+            f"job {record.job_id} is already done ({record.status.value}): nothing changed",
+            field="job_id",
         )
-    return FailedPrecondition(
-        f"job {record.job_id} is {record.status.value}: aborting a dispatched or running job is "
-        "the job-runner's, which this deployment does not run yet",
-        field="job_id",
-    )
+    return _forward_to_runner(request, record, ctx)
+
+
+def _forward_to_runner(
+    request: admin_pb2.AbortJobRequest, record: JobRecord, ctx: JobStoreContext
+) -> job_pb2.JobRecord:
+    """The job-runner's answer to the abort (its typed errors travel back unchanged)."""
+    try:
+        return ctx.runner.call(ctx.names.service_queue(RUNNER), request, job_pb2.JobRecord,
+                               timeout=RUNNER_TIMEOUT_S)
+    except (RpcTimeout, Unroutable):
+        raise Unavailable(
+            f"job {record.job_id} is {record.status.value} and the job-runner did not answer "
+            "the abort; try again", field="job_id",
+        ) from None

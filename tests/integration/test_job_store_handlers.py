@@ -7,12 +7,13 @@ them on the real broker with the service running as a process.
 from __future__ import annotations
 
 import io
+import json
 import urllib.error
 import urllib.request
 import uuid
 import zipfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -20,7 +21,14 @@ from google.protobuf.message import Message
 
 from fedhive.blobs import S3BlobStore
 from fedhive.bus import Delivery
-from fedhive.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from fedhive.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    RpcTimeout,
+    Unavailable,
+)
 from fedhive.jobs.definition import load_job
 from fedhive.jobs.record import JobMeta, Submitter
 from fedhive.jobs.serde import event_from_proto, status_to_proto
@@ -125,7 +133,8 @@ class Store:
 def store(redis_state: RedisStateStore, job_store_blobs: S3BlobStore) -> Iterator[Store]:
     events = RecordedEvents()
     names = Names(redis_state._names.ns)
-    ctx = JobStoreContext(state=redis_state, blobs=job_store_blobs, events=events, names=names)
+    ctx = JobStoreContext(state=redis_state, blobs=job_store_blobs, events=events,
+                          runner=_RunnerAnswering(), names=names)
     yield Store(ctx, events, names)
 
 
@@ -399,14 +408,37 @@ def test_abort_of_a_submitted_job(store: Store) -> None:
     assert aborted.history[-1].reason == "by alice: typo"
 
 
+class _RunnerAnswering:
+    """A job-runner link that answers an abort (or does not, with `error`)."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.calls: list[tuple[str, Message]] = []
+        self.error = error
+
+    def call(self, queue: str, request: Message, reply_type: type[job_pb2.JobRecord], *,
+             timeout: float) -> job_pb2.JobRecord:
+        self.calls.append((queue, request))
+        if self.error is not None:
+            raise self.error
+        return reply_type(job_id="answered-by-runner")
+
+
 @pytest.mark.parametrize("status", [S.DISPATCHED, S.RUNNING])
-def test_abort_of_a_dispatched_or_running_job_is_the_runners(
+def test_abort_of_a_dispatched_or_running_job_is_forwarded_to_the_runner(
     store: Store, status: JobStatus
 ) -> None:
     job_id = store.submit(job_zip()).job_id
     store.move_to(job_id, status)
-    with pytest.raises(FailedPrecondition, match=f"job {job_id} is {status.value}: .*job-runner"):
-        store.call(admin_pb2.AbortJobRequest(job_id=job_id))
+    runner = _RunnerAnswering()
+    forwarding = Store(replace(store.ctx, runner=runner), store.events, store.names)
+    reply = forwarding.call(admin_pb2.AbortJobRequest(job_id=job_id, reason="by alice"))
+    assert isinstance(reply, job_pb2.JobRecord) and reply.job_id == "answered-by-runner"
+    assert runner.calls == [(store.names.service_queue("job-runner"),
+                             admin_pb2.AbortJobRequest(job_id=job_id, reason="by alice"))]
+    silent = _RunnerAnswering(RpcTimeout("no reply"))
+    unanswered = Store(replace(store.ctx, runner=silent), store.events, store.names)
+    with pytest.raises(Unavailable, match=f"job {job_id} is {status.value} and the job-runner"):
+        unanswered.call(admin_pb2.AbortJobRequest(job_id=job_id))
     assert store.state.get_job(job_id).status == status
 
 
@@ -450,3 +482,27 @@ def test_presigned_url_is_refused_once_expired(store: Store) -> None:
         return False
 
     wait_for(refused, timeout=10, interval=0.25, what="the URL to expire")
+
+
+# submit-time refusal of what can never run (issue 6) ------------------------------------------
+def test_submit_refuses_what_no_registered_site_could_run_unless_queued_anyway(
+    store: Store,
+) -> None:
+    store.state.record_heartbeats(
+        [SiteHeartbeat("site-1", resources={"total": {"gpu": 1}, "free": {"gpu": 1}},
+                       sent_at_ms=1)], 60)
+    meta = {"name": "big", "resource_spec": {"site-1": {"gpu": 2}},
+            "deploy_map": {"srv": ["server"], "cli": ["site-1", "site-2"]},
+            "mandatory_clients": ["site-2"]}
+    data = job_zip(files={"meta.json": json.dumps(meta).encode()})
+    with pytest.raises(InvalidArgument) as caught:
+        store.submit(data)
+    message = str(caught.value)
+    assert "mandatory site 'site-2' has never registered" in message
+    assert "site 'site-1': gpu 2 > 1 in total" in message and "--queue-anyway" in message
+    assert store.state.recent_job_ids() == [] and store.events.published == []
+    request = jobstore_pb2.StoreSubmitJob(staging_key=stage(store.blobs, store.names, data),
+                                          submitter=ALICE, queue_anyway=True)
+    reply = store.call(request)
+    assert isinstance(reply, admin_pb2.SubmitJobReply)
+    assert store.state.get_job(reply.job_id).status is S.SUBMITTED

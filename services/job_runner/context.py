@@ -1,0 +1,77 @@
+"""What the job-runner's job duties share: its ports, its options, the SJs it started."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedhive.blobs import BlobStore
+from fedhive.bus import Bus
+from fedhive.names import Names
+from fedhive.state import StateStore
+from fedhive.state.port import Fence
+from fedhive.state.runs import RunTable
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    holder: str  # this runner's id: a restarted runner with the same id re-attaches at once
+    work_dir: Path  # where the server jobs' workspaces are
+    sync_timeout_s: float = 10.0  # allocate, deploy and start replies (FLARE runner_sync_timeout)
+    lease_ttl_s: float = 15.0  # the job-ownership lease; renewed by the monitor
+    monitor_interval_s: float = 0.5
+    abort_grace_s: float = 5.0  # SIGTERM -> SIGKILL of a server job's process group
+    sj_liveness_s: float = 1.0  # how often the server job renews its liveness record
+
+
+@dataclass
+class RunnerContext:
+    state: StateStore
+    blobs: BlobStore
+    bus: Bus
+    names: Names
+    runs: RunTable
+    config: RunnerConfig
+    log: Any
+    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    _locks: dict[str, threading.Lock] = field(default_factory=dict)
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+
+    @contextmanager
+    def job_lock(self, job_id: str) -> Iterator[None]:
+        """Serialises what the dispatcher, the monitor and abort do to one job."""
+        with self._guard:
+            lock = self._locks.setdefault(job_id, threading.Lock())
+        with lock:
+            yield
+
+    @contextmanager
+    def try_job_lock(self, job_id: str) -> Iterator[bool]:
+        """Like `job_lock`, without waiting: yields False when another thread holds it."""
+        with self._guard:
+            lock = self._locks.setdefault(job_id, threading.Lock())
+        got = lock.acquire(blocking=False)
+        try:
+            yield got
+        finally:
+            if got:
+                lock.release()
+
+    def forget(self, job_id: str) -> None:
+        with self._guard:
+            self._locks.pop(job_id, None)
+            self.children.pop(job_id, None)
+
+
+def lease_name(job_id: str) -> str:
+    """The job-ownership lease: exactly one runner owns a dispatched or running job."""
+    return f"job:{job_id}"
+
+
+def fence(job_id: str, token: int) -> Fence:
+    return Fence(lease_name(job_id), token)

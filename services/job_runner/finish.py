@@ -1,0 +1,92 @@
+"""Ending a job the runner owns: stop its server job and client jobs, free every site, keep
+the server job's workspace as the job's result, write the final status, forget the job.
+
+Every step is idempotent, so the monitor, an abort and a restarted runner may all run it for
+the same job; the final status is a compare-and-set, so exactly one of them writes it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from fedhive.errors import IllegalTransition, StaleFencingToken
+from fedhive.jobs.archive import write_zip
+from fedhive.jobs.events import publish_status
+from fedhive.jobs.record import JobRecord
+from fedhive.jobs.status import JobStatus
+from fedhive.state.port import JobUpdate
+from fedhive.state.runs import RunEntry
+
+from . import server_job
+from .context import RunnerContext, fence, lease_name
+from .sites import release
+
+
+def conclude(ctx: RunnerContext, entry: RunEntry, expected: JobStatus, new: JobStatus,
+             reason: str) -> JobRecord | None:
+    """Clean up, then `expected -> new` (fenced by the runner's ownership lease) with the
+    result; None when the job had already left `expected` (someone else ended it)."""
+    result_key = clean_up(ctx, entry, reason)
+    update = JobUpdate(result_key=result_key or None, failed_sites=failed_sites(entry))
+    try:
+        record = ctx.state.change_status(entry.job_id, expected, new, reason, update=update,
+                                         fence=fence(entry.job_id, entry.fence_token))
+    except (IllegalTransition, StaleFencingToken) as err:
+        ctx.log.info("job_runner.end_skipped", job_id=entry.job_id, status=new.value,
+                     why=str(err))
+        forget(ctx, entry)
+        return None
+    publish_status(ctx.bus, record)
+    ctx.log.info("job_runner.job_ended", job_id=entry.job_id, status=new.value, reason=reason)
+    forget(ctx, entry)
+    return record
+
+
+def clean_up(ctx: RunnerContext, entry: RunEntry, reason: str) -> str:
+    """Stop the SJ (its whole process group) and the CJs, free every site, store the result;
+    returns the result's key ('' when the server job never had a workspace)."""
+    server_job.stop(ctx, entry)
+    release(ctx, entry.job_id, {site: state.token for site, state in entry.sites.items()},
+            reason)
+    return store_result(ctx, entry)
+
+
+def wind_up(ctx: RunnerContext, entry: RunEntry, reason: str) -> JobRecord:
+    """For a job someone else ended (an abort): clean up, record the result, forget the job."""
+    result_key = clean_up(ctx, entry, reason)
+    record = ctx.state.update_job(entry.job_id, JobUpdate(result_key=result_key or None,
+                                                          failed_sites=failed_sites(entry)))
+    forget(ctx, entry)
+    return record
+
+
+def store_result(ctx: RunnerContext, entry: RunEntry) -> str:
+    folder = Path(entry.workspace) / "workspace" if entry.workspace else None
+    if folder is None or not folder.is_dir():
+        return ""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    members = [(p.relative_to(folder).as_posix(), _reader(p)) for p in files]
+    data = write_zip(members)
+    assert data is not None
+    key = ctx.names.job_result_key(entry.job_id)
+    ctx.blobs.put(key, data)
+    return key
+
+
+def _reader(path: Path) -> Callable[[], bytes]:
+    return path.read_bytes
+
+
+def failed_sites(entry: RunEntry) -> list[str]:
+    return sorted(site for site, state in entry.sites.items() if state.excluded or state.gone)
+
+
+def forget(ctx: RunnerContext, entry: RunEntry) -> None:
+    """Drop the job from the running-jobs table, give its lease up, delete its workspace."""
+    ctx.runs.remove(entry.job_id)
+    ctx.state.release(lease_name(entry.job_id), ctx.config.holder, entry.fence_token)
+    if entry.workspace:
+        shutil.rmtree(entry.workspace, ignore_errors=True)
+    ctx.forget(entry.job_id)

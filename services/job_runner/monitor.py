@@ -1,0 +1,179 @@
+"""The monitor thread: watches the jobs this runner owns in the running-jobs table.
+
+Every `monitor_interval_s`, for each running job: renew its ownership lease; end it when its
+server job reported (`COMPLETED` / `EXECUTION_EXCEPTION`), ended or lost its liveness without
+reporting (`ABNORMAL`, with the exit code or signal), or ran past its `max_runtime` (`ABORTED`);
+tell the server job about sites that are gone (debounced: a site that stopped reporting the job
+after it had, or went offline after it was seen online). Across all sites: a site running a
+job that is over (or unknown) is told to abort it.
+
+At start (`recover`), jobs a previous runner with the same id left in the table are taken
+back: RUNNING ones are simply watched again (their server jobs never depended on the runner),
+DISPATCHED ones (it was still deploying or starting them) end FAILED_TO_RUN.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from fedhive.errors import FedhiveError, NotFound
+from fedhive.jobs.record import JobRecord
+from fedhive.jobs.status import JobStatus
+from fedhive.proto.v1 import runner_pb2, site_pb2
+from fedhive.state.runs import RunEntry
+
+from . import server_job
+from .context import RunnerContext, lease_name
+from .finish import conclude, wind_up
+
+R = JobStatus.RUNNING
+LIVENESS_GRACE_S = 10.0  # a server job must have written its first liveness record by then
+ABORT_RESEND_S = 10.0  # how often a site still running a finished job is told again
+
+
+def max_runtime(record: JobRecord) -> float | None:
+    """`max_runtime` of meta.json (seconds); None when absent or not a positive number."""
+    value = record.meta.extra.get("max_runtime")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return float(value)
+
+
+def recover(ctx: RunnerContext) -> None:
+    for entry in ctx.runs.all():
+        if entry.runner != ctx.config.holder:
+            continue
+        token = ctx.state.acquire(lease_name(entry.job_id), ctx.config.holder,
+                                  ctx.config.lease_ttl_s)
+        if token is None:
+            continue  # another runner took the job over meanwhile
+        entry = RunEntry(**{**entry.__dict__, "fence_token": token})
+        ctx.runs.put(entry)
+        status = ctx.state.get_job(entry.job_id).status
+        if status == R:  # the phase may lag the status by one write: the status decides
+            ctx.runs.put(RunEntry(**{**entry.__dict__, "phase": "running"}))
+            ctx.log.info("job_runner.reattached", job_id=entry.job_id, pid=entry.pid)
+        elif status == JobStatus.DISPATCHED:
+            conclude(ctx, entry, status, JobStatus.FINISHED_FAILED_TO_RUN,
+                     f"the job-runner restarted while the job was {entry.phase}")
+        else:
+            wind_up(ctx, entry, f"job is {status.value}")
+
+
+class Monitor:
+    def __init__(self, ctx: RunnerContext) -> None:
+        self.ctx = ctx
+        self._stop = threading.Event()
+        self._told: dict[tuple[str, str], float] = {}
+        self._thread = threading.Thread(target=self._loop, name="job-monitor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.ctx.config.monitor_interval_s):
+            try:
+                self.tick()
+            except Exception as err:  # Redis or the broker away: the next tick tries again
+                self.ctx.log.warning("job_runner.monitor_failed", error=str(err))
+
+    def tick(self) -> None:
+        running = set()
+        for entry in self.ctx.runs.all():
+            running.add(entry.job_id)
+            if entry.runner == self.ctx.config.holder and entry.phase == "running":
+                with self.ctx.try_job_lock(entry.job_id) as free:
+                    current = self.ctx.runs.get(entry.job_id) if free else None
+                    if current is not None:
+                        self.watch(current)
+        self.stray_jobs(running)
+
+    # one job ----------------------------------------------------------------------------
+    def watch(self, entry: RunEntry) -> None:
+        ctx = self.ctx
+        ctx.state.renew(lease_name(entry.job_id), ctx.config.holder, entry.fence_token,
+                        ctx.config.lease_ttl_s)
+        record = ctx.state.get_job(entry.job_id)
+        if record.status != R:  # ended elsewhere (an abort): only the cleanup is left
+            wind_up(ctx, entry, f"job is {record.status.value}")
+            return
+        outcome = ctx.runs.outcome(entry.job_id)
+        if outcome is not None:
+            if outcome.completed:
+                conclude(ctx, entry, R, JobStatus.FINISHED_COMPLETED, "server job completed")
+            else:
+                conclude(ctx, entry, R, JobStatus.FINISHED_EXECUTION_EXCEPTION, outcome.error)
+            return
+        how = server_job.ended(ctx, entry)
+        if how is None and not ctx.runs.alive(entry.job_id) \
+                and time.time() - entry.pid_started > LIVENESS_GRACE_S:
+            how = "server job lost its liveness record"
+        if how is not None:
+            if ctx.runs.outcome(entry.job_id) is None:  # it may have reported just now
+                conclude(ctx, entry, R, JobStatus.FINISHED_ABNORMAL,
+                         f"server job ended without reporting: {how}")
+            return
+        limit = max_runtime(record)
+        if limit is not None and record.start_time_ms is not None \
+                and time.time() * 1000 - record.start_time_ms > limit * 1000:
+            conclude(ctx, entry, R, JobStatus.FINISHED_ABORTED,
+                     f"max_runtime {limit:g} s exceeded")
+            return
+        self.gone_sites(entry)
+
+    def gone_sites(self, entry: RunEntry) -> None:
+        ctx = self.ctx
+        online = set(ctx.state.online_sites())
+        for site, state in sorted(entry.sites.items()):
+            if not state.started or state.excluded or state.gone:
+                continue
+            beat = ctx.state.get_job_heartbeat(entry.job_id, site)
+            why = ""
+            if site in online and not state.seen_online:
+                entry = entry.with_site(site, seen_online=True)
+            elif site not in online and state.seen_online:
+                why = "site went offline"
+            if beat is not None and not state.reported:
+                entry = entry.with_site(site, reported=True)
+            elif beat is None and state.reported:
+                why = why or "site stopped reporting the job"
+            if why:
+                entry = entry.with_site(site, gone=why)
+                ctx.log.warning("job_runner.site_gone", job_id=entry.job_id, site=site, why=why)
+                self._tell_server_job(entry.job_id, site, why)
+            ctx.runs.put(entry)
+
+    def _tell_server_job(self, job_id: str, site: str, why: str) -> None:
+        try:
+            self.ctx.bus.send(self.ctx.names.job_server_queue(job_id),
+                              runner_pb2.SiteGone(job_id=job_id, site=site, reason=why))
+        except FedhiveError as err:
+            self.ctx.log.warning("job_runner.site_gone_not_sent", job_id=job_id, site=site,
+                                 error=str(err))
+
+    # every site -------------------------------------------------------------------------
+    def stray_jobs(self, running: set[str]) -> None:
+        """A site running a job that is over, or that fedhive never had, is told to abort."""
+        now = time.monotonic()
+        for beat in self.ctx.state.live_sites():
+            for job_id in beat.running_job_ids:
+                if job_id in running or now - self._told.get((beat.site, job_id), -1e9) \
+                        < ABORT_RESEND_S:
+                    continue
+                try:
+                    status = self.ctx.state.get_job(job_id).status.value
+                except NotFound:
+                    status = "unknown"
+                if status not in ("unknown",) and not JobStatus(status).is_final:
+                    continue
+                self._told[(beat.site, job_id)] = now
+                self.ctx.log.warning("job_runner.stray_job", site=beat.site, job_id=job_id,
+                                     status=status)
+                self.ctx.bus.send(self.ctx.names.site_queue(beat.site), site_pb2.AbortRequest(
+                    job_id=job_id, reason=f"the job is {status} on the server"))

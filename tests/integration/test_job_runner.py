@@ -1,0 +1,235 @@
+"""The job-runner with real services: job-store, site agents, the runner and its server jobs.
+
+The scheduler's part is played by `tests.fixtures.job_runner.dispatch` (reserve on the agents,
+SUBMITTED -> DISPATCHED, `DispatchJob` to the runner's queue).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from fedhive.blobs import S3BlobStore
+from fedhive.bus import RabbitBus
+from fedhive.errors import FailedPrecondition
+from fedhive.jobs.record import JobRecord
+from fedhive.jobs.serde import status_to_proto
+from fedhive.jobs.status import JobStatus
+from fedhive.names import Names
+from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2, runner_pb2
+from fedhive.state import RedisStateStore
+from fedhive.state.runs import RunTable
+from tests.fixtures.infra import wait_for
+from tests.fixtures.job_runner import (
+    RunnerProcess,
+    Runners,
+    dispatch,
+    flow,
+    flow_job,
+    reserve,
+    send_dispatch,
+)
+from tests.fixtures.job_store import JobStoreProcess, stage
+from tests.fixtures.site_agent import SiteAgentProcess, SiteAgents
+
+S = JobStatus
+ALICE = job_pb2.Submitter(name="alice@example.com", org="org-a", role="project_admin")
+
+
+@dataclass
+class Stack:
+    store: JobStoreProcess
+    runner: RunnerProcess
+    agents: list[SiteAgentProcess]
+    bus: RabbitBus
+    state: RedisStateStore
+    blobs: S3BlobStore
+    names: Names
+
+    def submit(self, data: bytes) -> str:
+        reply = self.bus.call(self.store.queue, jobstore_pb2.StoreSubmitJob(
+            staging_key=stage(self.blobs, self.names, data), submitter=ALICE),
+            admin_pb2.SubmitJobReply, timeout=30)
+        return reply.job_id
+
+    def run(self, data: bytes, **options: Any) -> str:
+        job_id = self.submit(data)
+        dispatch(self.bus, self.state, self.agents, job_id, **options)
+        return job_id
+
+    def job(self, job_id: str) -> JobRecord:
+        return self.state.get_job(job_id)
+
+    def wait_status(self, job_id: str, status: JobStatus, timeout: float = 40) -> JobRecord:
+        def reached() -> bool:
+            current = self.job(job_id).status
+            if current != status and current.is_final:
+                raise AssertionError(f"{job_id} ended {current.value}: "
+                                     f"{self.job(job_id).status_reason}\n{self.runner.log()}")
+            return current == status
+
+        wait_for(reached, timeout=timeout, what=f"job {job_id} to be {status.value}")
+        return self.job(job_id)
+
+    def abort(self, job_id: str) -> job_pb2.JobRecord:
+        return self.bus.call(self.store.queue, admin_pb2.AbortJobRequest(job_id=job_id),
+                             job_pb2.JobRecord, timeout=40)
+
+    def result(self, record: JobRecord) -> dict[str, bytes]:
+        with zipfile.ZipFile(io.BytesIO(self.blobs.get(record.result_key))) as archive:
+            return {name: archive.read(name) for name in archive.namelist()}
+
+    def freed(self, job_id: str) -> bool:
+        jobs = [agent.job(job_id) for agent in self.agents
+                if agent.proc is not None and agent.proc.poll() is None]
+        return all(job is None or (job.state in ("FINISHED", "ABORTED") and not job.allocation)
+                   for job in jobs)
+
+
+def make_stack(job_runners: Runners, site_agents: SiteAgents,
+               job_store_process: JobStoreProcess,
+               job_store_client: RabbitBus, redis_state: RedisStateStore,
+               job_store_blobs: S3BlobStore, sites: int) -> Stack:
+    runner = job_runners.start()
+    agents = [site_agents.start(f"site-{n}") for n in range(1, sites + 1)]
+    return Stack(job_store_process, runner, agents, job_store_client, redis_state,
+                 job_store_blobs, Names(redis_state._names.ns))
+
+
+@pytest.fixture
+def stack_of(job_runners: Runners, site_agents: SiteAgents,
+             job_store_process: JobStoreProcess,
+             job_store_client: RabbitBus, redis_state: RedisStateStore,
+             job_store_blobs: S3BlobStore) -> Callable[[int], Stack]:
+    def make(sites: int) -> Stack:
+        return make_stack(job_runners, site_agents, job_store_process, job_store_client,
+                          redis_state, job_store_blobs, sites)
+
+    return make
+
+
+@pytest.fixture
+def stack(stack_of: Callable[[int], Stack]) -> Stack:
+    return stack_of(2)
+
+
+def test_a_completing_workflow_finishes_the_job_with_its_result(stack: Stack) -> None:
+    job_id = stack.submit(flow_job(flow("Done", message="trained")))
+    command = dispatch(stack.bus, stack.state, stack.agents, job_id)
+    record = stack.wait_status(job_id, S.FINISHED_COMPLETED)
+    assert record.status_reason == "server job completed"
+    assert record.sites == ["site-1", "site-2"] and record.failed_sites == []
+    assert [c.to_status for c in record.history] == [
+        S.SUBMITTED, S.DISPATCHED, S.RUNNING, S.FINISHED_COMPLETED]
+    assert record.result_key == stack.names.job_result_key(job_id)
+    result = stack.result(record)
+    assert result["model.txt"] == b"trained" and b"server_job.started" in result["server_job.log"]
+    wait_for(lambda: stack.freed(job_id), timeout=10, what="every site to be freed")
+    assert RunTable(stack.state._client, stack.names).get(job_id) is None
+    # the same command again for the finished job: ignored, nothing changes
+    stack.bus.send(stack.names.service_queue("job-runner"), command)
+    wait_for(lambda: stack.runner.logged("job_runner.dispatch_ignored") == 1, timeout=15,
+             what="the repeated dispatch to be ignored")
+    with pytest.raises(FailedPrecondition, match=f"job {job_id} is already done"):
+        stack.abort(job_id)
+    assert stack.job(job_id).history == record.history
+
+
+def test_a_raising_workflow_or_a_bad_component_is_an_execution_exception(stack: Stack) -> None:
+    boom = stack.run(flow_job(flow("Boom")))
+    record = stack.wait_status(boom, S.FINISHED_EXECUTION_EXCEPTION)
+    assert record.status_reason == "RuntimeError: boom in the workflow"
+    nope = stack.run(flow_job({"id": "trainer", "path": "flows.Nope", "args": {}}))
+    record = stack.wait_status(nope, S.FINISHED_EXECUTION_EXCEPTION)
+    assert "component 'trainer': cannot import 'flows.Nope'" in record.status_reason
+    wait_for(lambda: stack.freed(boom) and stack.freed(nope), timeout=10, what="sites freed")
+
+
+def test_a_killed_server_job_is_abnormal(stack: Stack) -> None:
+    job_id = stack.run(flow_job(flow("Hold")))
+    stack.wait_status(job_id, S.RUNNING)
+    entry = RunTable(stack.state._client, stack.names).get(job_id)
+    assert entry is not None and entry.pid > 0
+    os.killpg(entry.pid, signal.SIGKILL)
+    record = stack.wait_status(job_id, S.FINISHED_ABNORMAL)
+    assert record.status_reason == "server job ended without reporting: killed by signal SIGKILL"
+    wait_for(lambda: stack.freed(job_id), timeout=10, what="every site to be freed")
+
+
+def test_abort_of_a_running_job_stops_everything(stack: Stack) -> None:
+    job_id = stack.run(flow_job(flow("Hold")))
+    stack.wait_status(job_id, S.RUNNING)
+    entry = RunTable(stack.state._client, stack.names).get(job_id)
+    assert entry is not None
+    reply = stack.abort(job_id)
+    assert reply.history[-1].to_status == status_to_proto(S.FINISHED_ABORTED)
+    wait_for(lambda: stack.freed(job_id), timeout=15, what="every site to be freed")
+    wait_for(lambda: _gone(entry.pid), timeout=10, what="the server job to be stopped")
+    assert stack.job(job_id).status == S.FINISHED_ABORTED
+    assert "server_job.log" in stack.result(stack.job(job_id))
+
+
+def test_a_job_aborted_while_dispatched_never_starts(stack: Stack) -> None:
+    job_id = stack.submit(flow_job(flow("Done")))
+    stack.state.change_status(job_id, S.SUBMITTED, S.DISPATCHED, "test dispatch")
+    reply = stack.abort(job_id)
+    assert reply.history[-1].to_status == status_to_proto(S.FINISHED_ABORTED)
+    # the dispatch command arrives late: ignored, its reservations cancelled
+    late = stack.bus.send(stack.names.service_queue("job-runner"), runner_pb2.DispatchJob(
+        job_id=job_id, sites=reserve(stack.agents, job_id)))
+    wait_for(lambda: stack.runner.logged("job_runner.dispatch_ignored") == 1, timeout=15,
+             what="the late dispatch to be ignored")
+    assert stack.job(job_id).status == S.FINISHED_ABORTED
+    assert all(agent.job(job_id) is None for agent in stack.agents), late
+
+
+def test_a_restarted_runner_reattaches_and_the_job_completes_once(stack: Stack) -> None:
+    job_id = stack.submit(flow_job(flow("Hold")))
+    command = dispatch(stack.bus, stack.state, stack.agents, job_id, message_id="once")
+    stack.wait_status(job_id, S.RUNNING)
+    stack.runner.kill()
+    stack.runner.start()
+    assert stack.runner.logged("job_runner.reattached") == 1
+    # the same dispatch again (a redelivery): ignored, the job is not run twice
+    stack.bus.send(stack.names.service_queue("job-runner"), command, message_id="once")
+    wait_for(lambda: stack.runner.logged("job_runner.dispatch_ignored") == 1, timeout=15,
+             what="the repeated dispatch to be ignored")
+    (stack.runner.workspace(job_id) / "go").write_text("")
+    record = stack.wait_status(job_id, S.FINISHED_COMPLETED)
+    assert stack.result(record)["model.txt"] == b"held"
+    assert stack.result(record)["server_job.log"].count(b'"server_job.started"') == 1
+
+
+def test_a_deploy_timeout_leaves_the_job_running_on_the_others(
+    stack_of: Callable[[int], Stack],
+) -> None:
+    stack = stack_of(3)
+    job_id = stack.submit(flow_job(flow("Done"), sites=("site-1", "site-2", "site-3"),
+                                   min_clients=2))
+    strict = stack.submit(flow_job(flow("Done"), sites=("site-1", "site-2", "site-3")))
+    reserved = {job: reserve(stack.agents, job) for job in (job_id, strict)}
+    stack.agents[2].kill()  # site-3 said yes, then stops answering
+    send_dispatch(stack.bus, stack.state, job_id, reserved[job_id])
+    record = stack.wait_status(job_id, S.FINISHED_COMPLETED)
+    assert record.sites == ["site-1", "site-2"] and record.failed_sites == ["site-3"]
+    send_dispatch(stack.bus, stack.state, strict, reserved[strict])
+    record = stack.wait_status(strict, S.FINISHED_FAILED_TO_RUN)
+    assert record.status_reason == ("deploy failed: site-3: no reply (allocation timeout); "
+                                    "num_ok_sites 2 < required_min_sites 3")
+    wait_for(lambda: stack.freed(job_id) and stack.freed(strict), timeout=10,
+             what="sites freed")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

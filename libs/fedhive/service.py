@@ -8,7 +8,6 @@ the process with one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import threading
@@ -47,11 +46,3 @@ def run(
     running.close()
     log.info("service.stopped")
     sys.exit(0)
-
-
-def usage_only(command: str, summary: str, issue: int) -> None:
-    """Print usage and exit 2: the service's main loop arrives with issue `issue`."""
-    parser = argparse.ArgumentParser(prog=command, description=summary)
-    parser.parse_args()
-    parser.print_usage()
-    parser.exit(2, f"{command}: not runnable yet; its main loop arrives with issue #{issue}\n")

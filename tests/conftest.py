@@ -12,4 +12,5 @@ pytest_plugins = [
     "tests.fixtures.sites",
     "tests.fixtures.scheduler",
     "tests.fixtures.job_runner",
+    "tests.fixtures.e2e",
 ]

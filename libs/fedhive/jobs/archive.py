@@ -5,8 +5,9 @@ declared total size and compression ratio (zip bombs), file count, member names 
 `..`, backslashes, duplicates) and member types (symlinks, devices, fifos). Extraction then
 writes into a temporary sibling folder and renames it into place only when every member is out,
 so a rejected or failing archive leaves nothing behind. `write_zip` makes the normalised form
-that fedhive stores: sorted members, fixed timestamps and permissions, so the same content
-always gives the same bytes (and the same content hash).
+that fedhive stores: sorted members, fixed timestamps and permissions, incompressible members
+stored rather than deflated, so the same content always gives the same bytes (and the same
+content hash).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from fedhive.errors import InvalidArgument
 MiB = 1024 * 1024
 _CHUNK = 1 * MiB
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # zip's epoch: no timestamps leak into the content hash
+_SAMPLE = 64 * 1024  # members at least this big are stored as is when a sample of this
+_MIN_SAVING = 0.97  # size does not deflate below this fraction of it
 _ZIP_UNIX = 3  # ZipInfo.create_system for archives made on Unix (mode bits in external_attr)
 # What reading a member of a well-formed directory can still raise: bad CRC, truncated data.
 CORRUPT_ZIP_ERRORS = (zipfile.BadZipFile, EOFError, zlib.error)
@@ -250,6 +253,18 @@ def write_zip(
             info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
             info.create_system = _ZIP_UNIX
             info.external_attr = (stat.S_IFREG | 0o644) << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(info, read())
+            data = read()
+            stored = incompressible(data)
+            info.compress_type = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
+            archive.writestr(info, data)
     return buffer.getvalue() if out is None else None
+
+
+def incompressible(data: bytes) -> bool:
+    """Whether `data` is not worth deflating, judged from its first `_SAMPLE` bytes (a
+    function of the content alone, so the normalised archive stays deterministic): model
+    weights and other binaries save nothing and would cost the most CPU of a submit."""
+    if len(data) < _SAMPLE:
+        return False
+    sample = memoryview(data)[:_SAMPLE]
+    return len(zlib.compress(sample)) >= _SAMPLE * _MIN_SAVING

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from google.protobuf.message import Message
 
 from fedhive.bus.codec import TypeRegistry, error_message
 from fedhive.bus.connection import RECONNECT, connect, user_name
-from fedhive.bus.publisher import properties
+from fedhive.bus.publisher import DEADLINE_HEADER, properties
 from fedhive.bus.topology import QueueSpec, Topology
 from fedhive.errors import FedhiveError, MalformedMessage, Unavailable
 from fedhive.proto.v1 import common_pb2
@@ -195,6 +196,12 @@ class Consumer:
     ) -> None:
         delivery = Delivery.from_amqp(self.spec.name, method, props)
         tag = method.delivery_tag
+        deadline = delivery.headers.get(DEADLINE_HEADER)
+        if deadline is not None and time.time() * 1000 > deadline:
+            self._log.info("bus.expired_request_dropped", message_id=props.message_id,
+                           late_ms=int(time.time() * 1000 - deadline))
+            channel.basic_ack(tag)  # its caller has given up: serving it would act too late
+            return
         try:
             message = self._accepts.decode(props.type, body, queue=self.spec.name)
         except MalformedMessage as err:

@@ -28,6 +28,9 @@ log = structlog.get_logger()
 REPUBLISH = Backoff(base=0.1, cap=2.0, max_attempts=None, deadline=30.0)
 
 
+DEADLINE_HEADER = "x-fedhive-deadline-ms"
+
+
 def properties(
     message: Message,
     *,
@@ -38,7 +41,15 @@ def properties(
     expiration_ms: int | None = None,
     headers: Mapping[str, Any] | None = None,
 ) -> pika.BasicProperties:
-    """The AMQP properties every fedhive message carries."""
+    """The AMQP properties every fedhive message carries.
+
+    A message with `expiration_ms` also carries its absolute deadline (`DEADLINE_HEADER`, epoch
+    milliseconds): the broker's TTL starts only when the message is enqueued, so a consumer
+    checks the deadline too and never serves a request its caller has given up on.
+    """
+    if expiration_ms is not None:
+        deadline = {DEADLINE_HEADER: int(time.time() * 1000) + expiration_ms}
+        headers = {**(headers or {}), **deadline}
     return pika.BasicProperties(
         content_type=CONTENT_TYPE,
         type=type_name(message),

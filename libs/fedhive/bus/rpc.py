@@ -3,7 +3,8 @@
 Many threads may call at once. Requests and the reply consumer share one guarded connection;
 whichever waiting caller holds the lock services it for a short slice and files every reply it
 receives under its correlation id, so each caller finds its own. A request carries the caller's
-timeout as its AMQP expiration, so the broker drops it rather than let it be served late. If the
+timeout as its AMQP expiration and as an absolute deadline the consumer checks (hosts' clocks
+must agree, as for presigned URLs), so it is never served late. If the
 connection drops, the next caller to take the lock reconnects and sends all outstanding
 requests again on the new channel (at-least-once; servers are idempotent by message_id).
 """

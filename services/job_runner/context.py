@@ -27,6 +27,7 @@ class RunnerConfig:
     monitor_interval_s: float = 0.5
     abort_grace_s: float = 5.0  # SIGTERM -> SIGKILL of a server job's process group
     sj_liveness_s: float = 1.0  # how often the server job renews its liveness record
+    orphan_grace_s: float = 5.0  # a DISPATCHED job no runner works on is re-issued after this
 
 
 @dataclass

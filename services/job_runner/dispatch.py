@@ -8,12 +8,18 @@ start error is fatal), then DISPATCHED -> RUNNING by compare-and-set. A job abor
 loses that compare-and-set (or is seen at a step's check) and is cleaned up, never started.
 
 A dispatch for a job that is not DISPATCHED, or that a runner already took, is ignored with a
-log line; for a job no longer DISPATCHED its reservations are cancelled.
+log line; for a job no longer DISPATCHED its reservations are cancelled. A dispatch that a dead
+runner left half done (its entry still deploying or starting, the ownership lease free again)
+is resumed from that entry: every site call is idempotent (allocate with the same token, deploy
+of the same bundle, start of a started job) and a server job that is still alive, or already
+reported, is kept rather than launched twice. A command without sites (the monitor's re-issue
+of a lost one) takes the sites and reservations from the job record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from fedhive.bus import Delivery
@@ -29,7 +35,8 @@ from fedhive.state.runs import RunEntry, SiteState
 
 from . import server_job
 from .context import RunnerContext, fence, lease_name
-from .finish import conclude, wind_up
+from .finish import conclude, record_sites, wind_up
+from .monitor import max_runtime
 from .sites import call_sites, cancel, describe, release
 
 BUNDLE_URL_LIFETIME_S = 3600
@@ -45,6 +52,8 @@ def handle_dispatch(ctx: RunnerContext, request: runner_pb2.DispatchJob, deliver
         record: JobRecord | None = ctx.state.get_job(job_id)
     except NotFound:
         record = None
+    if record is not None and not tokens:
+        tokens = {site: record.reservations.get(site, "") for site in record.sites}
     if record is None or record.status != D:
         log.warning("job_runner.dispatch_ignored", message_id=delivery.message_id,
                     status=record.status.value if record else "unknown job",
@@ -53,15 +62,21 @@ def handle_dispatch(ctx: RunnerContext, request: runner_pb2.DispatchJob, deliver
         return
     token = ctx.state.acquire(lease_name(job_id), ctx.config.holder, ctx.config.lease_ttl_s)
     with ctx.job_lock(job_id):
-        if token is None or ctx.runs.get(job_id) is not None:
+        left = ctx.runs.get(job_id)  # holding the lease and the lock: no one else works on it
+        if token is None or (left is not None and left.phase == "running"):
             log.warning("job_runner.dispatch_duplicate", message_id=delivery.message_id,
                         why="the job is already being run")
             return
-        entry = RunEntry(job_id, ctx.config.holder, token, "deploying",
-                         sites={site: SiteState(token=t) for site, t in tokens.items()},
-                         workspace=str(ctx.config.work_dir / job_id))
+        if left is not None:
+            entry = replace(left, runner=ctx.config.holder, fence_token=token)
+            log.info("job_runner.dispatch_resumed", phase=left.phase, left_by=left.runner,
+                     fence_token=token)
+        else:
+            entry = RunEntry(job_id, ctx.config.holder, token, "deploying",
+                             sites={site: SiteState(token=t) for site, t in tokens.items()},
+                             workspace=str(ctx.config.work_dir / job_id))
+            log.info("job_runner.dispatch", sites=sorted(tokens), fence_token=token)
         ctx.runs.put(entry)
-        log.info("job_runner.dispatch", sites=sorted(tokens), fence_token=token)
         _Dispatch(ctx, entry, record).run()
 
 
@@ -72,6 +87,10 @@ class _Dispatch:
         self.meta: JobMeta = record.meta
         self.archive_key = record.archive_key or ctx.names.job_definition_key(record.job_id)
         self.log = ctx.log.bind(job_id=record.job_id)
+        if "max_runtime" in self.meta.extra and max_runtime(record) is None:
+            self.log.warning("job_runner.max_runtime_ignored",
+                             value=self.meta.extra["max_runtime"],
+                             why="max_runtime is not a positive number of seconds")
 
     @property
     def job_id(self) -> str:
@@ -84,21 +103,25 @@ class _Dispatch:
     def run(self) -> None:
         definition = load_job(self.ctx.blobs.get(self.archive_key))
         self.allocate()
+        record_sites(self.ctx, self.entry)
         if self.stopped() or self.short("deploy"):
             return
         self.deploy(definition)
+        record_sites(self.ctx, self.entry)
         if self.stopped() or self.short("deploy"):
             return
         self.launch(definition)
         self.start()
+        record_sites(self.ctx, self.entry)
         if self.stopped() or self.short("start"):
             return
         self.to_running()
 
     # steps ------------------------------------------------------------------------------
     def allocate(self) -> None:
-        requests = {site: site_pb2.AllocateResourcesRequest(job_id=self.job_id, token=s.token)
-                    for site, s in self.entry.sites.items()}
+        requests = {site: site_pb2.AllocateResourcesRequest(job_id=self.job_id,
+                                                            token=self.entry.sites[site].token)
+                    for site in self.active()}
         for site, reply in call_sites(self.ctx, requests,
                                       site_pb2.AllocateResourcesReply).items():
             self.site_result(site, reply, "allocation", allocated=True)
@@ -130,6 +153,12 @@ class _Dispatch:
         return url.url, url.expires_at_ms
 
     def launch(self, definition: JobDefinition) -> None:
+        if self.entry.pid and (server_job.exists(self.entry) or self.ctx.runs.alive(self.job_id)
+                               or self.ctx.runs.outcome(self.job_id) is not None):
+            self.log.info("job_runner.server_job_kept", pid=self.entry.pid,
+                          why="launched before the dispatch was interrupted")
+            self.save(replace(self.entry, phase="starting"))
+            return
         app_dir = Path(self.entry.workspace) / "app"
         files = definition.files.subtree(definition.server_app)
         for name in files.names():

@@ -10,8 +10,9 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from fedhive.errors import IllegalTransition, StaleFencingToken
+from fedhive.errors import IllegalTransition, NotFound, StaleFencingToken
 from fedhive.jobs.archive import write_zip
 from fedhive.jobs.events import publish_status
 from fedhive.jobs.record import JobRecord
@@ -29,7 +30,8 @@ def conclude(ctx: RunnerContext, entry: RunEntry, expected: JobStatus, new: JobS
     """Clean up, then `expected -> new` (fenced by the runner's ownership lease) with the
     result; None when the job had already left `expected` (someone else ended it)."""
     result_key = clean_up(ctx, entry, reason)
-    update = JobUpdate(result_key=result_key or None, failed_sites=failed_sites(entry))
+    update = JobUpdate(result_key=result_key or None, failed_sites=failed_sites(entry),
+                       site_states=site_states(entry))
     try:
         record = ctx.state.change_status(entry.job_id, expected, new, reason, update=update,
                                          fence=fence(entry.job_id, entry.fence_token))
@@ -57,7 +59,8 @@ def wind_up(ctx: RunnerContext, entry: RunEntry, reason: str) -> JobRecord:
     """For a job someone else ended (an abort): clean up, record the result, forget the job."""
     result_key = clean_up(ctx, entry, reason)
     record = ctx.state.update_job(entry.job_id, JobUpdate(result_key=result_key or None,
-                                                          failed_sites=failed_sites(entry)))
+                                                          failed_sites=failed_sites(entry),
+                                                          site_states=site_states(entry)))
     forget(ctx, entry)
     return record
 
@@ -77,6 +80,25 @@ def store_result(ctx: RunnerContext, entry: RunEntry) -> str:
 
 def _reader(path: Path) -> Callable[[], bytes]:
     return path.read_bytes
+
+
+def site_states(entry: RunEntry) -> dict[str, dict[str, Any]]:
+    """The run's per-site sub-state as `JobRecord.site_states` keeps it."""
+    return {site: {"allocated": s.allocated, "deployed": s.deployed, "started": s.started,
+                   "excluded": s.excluded.removeprefix("fatal: "), "gone": s.gone,
+                   "last_heartbeat_ms": s.last_heartbeat_ms}
+            for site, s in sorted(entry.sites.items())}
+
+
+def record_sites(ctx: RunnerContext, entry: RunEntry) -> None:
+    """Copy the per-site sub-state into the job record (fenced: only the job's owner writes
+    it), where it outlives the running-jobs table; a lost ownership is only logged."""
+    try:
+        ctx.state.update_job(entry.job_id, JobUpdate(site_states=site_states(entry)),
+                             fence=fence(entry.job_id, entry.fence_token))
+    except (StaleFencingToken, NotFound) as err:
+        ctx.log.warning("job_runner.site_states_not_recorded", job_id=entry.job_id,
+                        error=str(err))
 
 
 def failed_sites(entry: RunEntry) -> list[str]:

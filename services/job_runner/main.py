@@ -143,11 +143,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                         "answer is a failure (default %(default)s)")
     parser.add_argument("--abort-grace", type=_positive, default=5.0, metavar="SECONDS",
                         help="SIGTERM to SIGKILL of a server job (default %(default)s)")
+    parser.add_argument("--orphan-grace", type=_positive, default=5.0, metavar="SECONDS",
+                        help="a DISPATCHED job that no runner works on this long (its dispatch "
+                        "command was lost, or its runner died mid-dispatch) is dispatched "
+                        "again (default %(default)s)")
     args = parser.parse_args(argv)
     intake = IntakeConfig(site_ttl_s=args.site_ttl, job_ttl_s=args.job_ttl,
                           sweep_interval_s=args.sweep_interval)
     runner = RunnerConfig(holder=args.runner_id, work_dir=args.work_dir,
-                          sync_timeout_s=args.sync_timeout, abort_grace_s=args.abort_grace)
+                          sync_timeout_s=args.sync_timeout, abort_grace_s=args.abort_grace,
+                          orphan_grace_s=args.orphan_grace)
     return Options(intake, runner)
 
 

@@ -9,7 +9,11 @@ job that is over (or unknown) is told to abort it.
 
 At start (`recover`), jobs a previous runner with the same id left in the table are taken
 back: RUNNING ones are simply watched again (their server jobs never depended on the runner),
-DISPATCHED ones (it was still deploying or starting them) end FAILED_TO_RUN.
+DISPATCHED ones (it was still deploying or starting them) are dispatched again, resuming from
+where it stopped (`dispatch.py`). At start and every `orphan_grace_s`, a DISPATCHED job that no
+runner works on (its ownership lease is free or expired, or held under this runner's id with
+no dispatch of it in progress here) for longer than `orphan_grace_s` — its `DispatchJob` was
+lost, or its runner died mid-dispatch — is re-issued to the runners' queue from its record.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from fedhive.state.runs import RunEntry
 
 from . import server_job
 from .context import RunnerContext, lease_name
-from .finish import conclude, wind_up
+from .finish import conclude, record_sites, wind_up
 
 R = JobStatus.RUNNING
+SERVICE = "job-runner"  # the runners' queue, where dispatches are re-issued
 LIVENESS_GRACE_S = 10.0  # a server job must have written its first liveness record by then
 ABORT_RESEND_S = 10.0  # how often a site still running a finished job is told again
 
@@ -55,10 +60,33 @@ def recover(ctx: RunnerContext) -> None:
             ctx.runs.put(RunEntry(**{**entry.__dict__, "phase": "running"}))
             ctx.log.info("job_runner.reattached", job_id=entry.job_id, pid=entry.pid)
         elif status == JobStatus.DISPATCHED:
-            conclude(ctx, entry, status, JobStatus.FINISHED_FAILED_TO_RUN,
-                     f"the job-runner restarted while the job was {entry.phase}")
+            redispatch(ctx, entry.job_id, f"the job-runner restarted while it was {entry.phase}")
         else:
             wind_up(ctx, entry, f"job is {status.value}")
+
+
+def redispatch(ctx: RunnerContext, job_id: str, why: str) -> None:
+    """Re-issue a job's `DispatchJob` (without sites: the handler reads them from the record)
+    to the runners' queue, where any runner may take it up."""
+    ctx.log.warning("job_runner.redispatch", job_id=job_id, why=why)
+    ctx.bus.send(ctx.names.service_queue(SERVICE), runner_pb2.DispatchJob(job_id=job_id))
+
+
+def orphans(ctx: RunnerContext) -> list[str]:
+    """DISPATCHED jobs no runner works on, for longer than `orphan_grace_s`."""
+    found = []
+    now_ms = time.time() * 1000
+    for record in ctx.state.list_jobs(JobStatus.DISPATCHED):
+        since = record.history[-1].at_ms if record.history else record.submit_time_ms
+        if now_ms - since < ctx.config.orphan_grace_s * 1000:
+            continue
+        lease = ctx.state.get_lease(lease_name(record.job_id))
+        if lease is not None and lease.holder != ctx.config.holder:
+            continue
+        with ctx.try_job_lock(record.job_id) as free:
+            if free:
+                found.append(record.job_id)
+    return found
 
 
 class Monitor:
@@ -66,6 +94,8 @@ class Monitor:
         self.ctx = ctx
         self._stop = threading.Event()
         self._told: dict[tuple[str, str], float] = {}
+        self._reissued: dict[str, float] = {}
+        self._next_scan = 0.0
         self._thread = threading.Thread(target=self._loop, name="job-monitor", daemon=True)
 
     def start(self) -> None:
@@ -87,12 +117,35 @@ class Monitor:
         running = set()
         for entry in self.ctx.runs.all():
             running.add(entry.job_id)
-            if entry.runner == self.ctx.config.holder and entry.phase == "running":
-                with self.ctx.try_job_lock(entry.job_id) as free:
-                    current = self.ctx.runs.get(entry.job_id) if free else None
-                    if current is not None:
-                        self.watch(current)
+            if entry.runner != self.ctx.config.holder:
+                continue
+            if entry.phase != "running":  # a dispatch in progress: keep its ownership
+                self._renew(entry)
+                continue
+            with self.ctx.try_job_lock(entry.job_id) as free:
+                current = self.ctx.runs.get(entry.job_id) if free else None
+                if current is not None:
+                    self.watch(current)
         self.stray_jobs(running)
+        if time.monotonic() >= self._next_scan:
+            self.reissue_orphans()
+
+    def _renew(self, entry: RunEntry) -> None:
+        try:
+            self.ctx.state.renew(lease_name(entry.job_id), self.ctx.config.holder,
+                                 entry.fence_token, self.ctx.config.lease_ttl_s)
+        except FedhiveError as err:
+            self.ctx.log.warning("job_runner.lease_lost", job_id=entry.job_id, error=str(err))
+
+    def reissue_orphans(self) -> None:
+        """Re-issue lost or interrupted dispatches (one job at most once per dispatch time)."""
+        now = time.monotonic()
+        self._next_scan = now + self.ctx.config.orphan_grace_s
+        again_after = self.ctx.config.orphan_grace_s + 3 * self.ctx.config.sync_timeout_s
+        for job_id in orphans(self.ctx):
+            if now - self._reissued.get(job_id, -1e9) >= again_after:
+                self._reissued[job_id] = now
+                redispatch(self.ctx, job_id, "DISPATCHED, and no job-runner works on it")
 
     # one job ----------------------------------------------------------------------------
     def watch(self, entry: RunEntry) -> None:
@@ -134,6 +187,9 @@ class Monitor:
             if not state.started or state.excluded or state.gone:
                 continue
             beat = ctx.state.get_job_heartbeat(entry.job_id, site)
+            before = entry
+            if beat is not None and beat.sent_at_ms > state.last_heartbeat_ms:
+                entry = entry.with_site(site, last_heartbeat_ms=beat.sent_at_ms)
             why = ""
             if site in online and not state.seen_online:
                 entry = entry.with_site(site, seen_online=True)
@@ -147,7 +203,9 @@ class Monitor:
                 entry = entry.with_site(site, gone=why)
                 ctx.log.warning("job_runner.site_gone", job_id=entry.job_id, site=site, why=why)
                 self._tell_server_job(entry.job_id, site, why)
-            ctx.runs.put(entry)
+            if entry != before:
+                ctx.runs.put(entry)
+                record_sites(ctx, entry)
 
     def _tell_server_job(self, job_id: str, site: str, why: str) -> None:
         try:

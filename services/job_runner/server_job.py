@@ -98,3 +98,8 @@ def stop(ctx: RunnerContext, entry: RunEntry) -> None:
     child = ctx.children.get(entry.job_id)
     if child is not None:
         child.wait()
+
+
+def exists(entry: RunEntry) -> bool:
+    """The SJ `entry` names still runs on this host (the same process, not a reused pid)."""
+    return _process(entry) is not None

@@ -7,6 +7,7 @@ SUBMITTED -> DISPATCHED, `DispatchJob` to the runner's queue).
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import zipfile
@@ -18,6 +19,7 @@ import pytest
 
 from fedhive.blobs import S3BlobStore
 from fedhive.bus import RabbitBus
+from fedhive.config import Settings
 from fedhive.errors import FailedPrecondition
 from fedhive.jobs.record import JobRecord
 from fedhive.jobs.serde import status_to_proto
@@ -25,6 +27,7 @@ from fedhive.jobs.status import JobStatus
 from fedhive.names import Names
 from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2, runner_pb2
 from fedhive.state import RedisStateStore
+from fedhive.state.port import JobUpdate
 from fedhive.state.runs import RunTable
 from tests.fixtures.infra import wait_for
 from tests.fixtures.job_runner import (
@@ -37,7 +40,14 @@ from tests.fixtures.job_runner import (
     send_dispatch,
 )
 from tests.fixtures.job_store import JobStoreProcess, stage
-from tests.fixtures.site_agent import SiteAgentProcess, SiteAgents
+from tests.fixtures.site_agent import (
+    HOLDING_CJ,
+    SiteAgentProcess,
+    SiteAgents,
+    allocate,
+    deploy,
+    start,
+)
 
 S = JobStatus
 ALICE = job_pb2.Submitter(name="alice@example.com", org="org-a", role="project_admin")
@@ -96,9 +106,12 @@ class Stack:
 def make_stack(job_runners: Runners, site_agents: SiteAgents,
                job_store_process: JobStoreProcess,
                job_store_client: RabbitBus, redis_state: RedisStateStore,
-               job_store_blobs: S3BlobStore, sites: int) -> Stack:
-    runner = job_runners.start()
-    agents = [site_agents.start(f"site-{n}") for n in range(1, sites + 1)]
+               job_store_blobs: S3BlobStore, sites: int, *runner_args: str,
+               broker_urls: dict[str, str] | None = None) -> Stack:
+    """`broker_urls`: site -> the agent's own broker credentials (default: the test's)."""
+    runner = job_runners.start(*runner_args)
+    agents = [site_agents.start(f"site-{n}", broker_url=(broker_urls or {}).get(f"site-{n}"))
+              for n in range(1, sites + 1)]
     return Stack(job_store_process, runner, agents, job_store_client, redis_state,
                  job_store_blobs, Names(redis_state._names.ns))
 
@@ -107,16 +120,18 @@ def make_stack(job_runners: Runners, site_agents: SiteAgents,
 def stack_of(job_runners: Runners, site_agents: SiteAgents,
              job_store_process: JobStoreProcess,
              job_store_client: RabbitBus, redis_state: RedisStateStore,
-             job_store_blobs: S3BlobStore) -> Callable[[int], Stack]:
-    def make(sites: int) -> Stack:
+             job_store_blobs: S3BlobStore) -> Callable[..., Stack]:
+    def make(sites: int, *runner_args: str, broker_urls: dict[str, str] | None = None,
+             ) -> Stack:
         return make_stack(job_runners, site_agents, job_store_process, job_store_client,
-                          redis_state, job_store_blobs, sites)
+                          redis_state, job_store_blobs, sites, *runner_args,
+                          broker_urls=broker_urls)
 
     return make
 
 
 @pytest.fixture
-def stack(stack_of: Callable[[int], Stack]) -> Stack:
+def stack(stack_of: Callable[..., Stack]) -> Stack:
     return stack_of(2)
 
 
@@ -208,7 +223,7 @@ def test_a_restarted_runner_reattaches_and_the_job_completes_once(stack: Stack) 
 
 
 def test_a_deploy_timeout_leaves_the_job_running_on_the_others(
-    stack_of: Callable[[int], Stack],
+    stack_of: Callable[..., Stack],
 ) -> None:
     stack = stack_of(3)
     job_id = stack.submit(flow_job(flow("Done"), sites=("site-1", "site-2", "site-3"),
@@ -225,6 +240,110 @@ def test_a_deploy_timeout_leaves_the_job_running_on_the_others(
                                     "num_ok_sites 2 < required_min_sites 3")
     wait_for(lambda: stack.freed(job_id) and stack.freed(strict), timeout=10,
              what="sites freed")
+
+
+def test_a_lost_dispatch_command_is_issued_again_and_the_job_runs(
+    stack_of: Callable[..., Stack],
+) -> None:
+    stack = stack_of(2, "--orphan-grace", "1")
+    job_id = stack.submit(flow_job(flow("Done")))
+    sites = reserve(stack.agents, job_id)
+    stack.state.change_status(  # what the scheduler does, but its DispatchJob never arrives
+        job_id, S.SUBMITTED, S.DISPATCHED, "scheduled",
+        update=JobUpdate(sites=[s.site for s in sites],
+                         reservations={s.site: s.token for s in sites}))
+    record = stack.wait_status(job_id, S.FINISHED_COMPLETED)
+    assert record.sites == ["site-1", "site-2"] and record.failed_sites == []
+    assert stack.runner.logged("job_runner.redispatch") == 1
+    # the per-site sub-state outlives the run table
+    assert RunTable(stack.state._client, stack.names).get(job_id) is None
+    assert set(record.site_states) == {"site-1", "site-2"}
+    for state in record.site_states.values():
+        assert state["allocated"] and state["deployed"] and state["started"]
+        assert state["excluded"] == "" and state["gone"] == ""
+
+
+def test_a_runner_killed_mid_dispatch_is_resumed_and_the_job_runs_once(
+    stack_of: Callable[..., Stack],
+) -> None:
+    stack = stack_of(2, "--sync-timeout", "5")
+    job_id = stack.submit(flow_job(flow("Done")))
+    sites = reserve(stack.agents, job_id)
+    slow = stack.agents[1].proc
+    assert slow is not None
+    os.kill(slow.pid, signal.SIGSTOP)  # site-2 answers nothing while the runner allocates
+    try:
+        send_dispatch(stack.bus, stack.state, job_id, sites)
+        wait_for(lambda: _allocated(stack.agents[0], job_id), timeout=15,
+                 what="site-1 to allocate")
+        stack.runner.kill()  # waiting for site-2's allocation reply
+    finally:
+        os.kill(slow.pid, signal.SIGCONT)
+    assert stack.job(job_id).status == S.DISPATCHED
+    stack.runner.start()
+    record = stack.wait_status(job_id, S.FINISHED_COMPLETED)
+    assert record.sites == ["site-1", "site-2"] and record.failed_sites == []
+    assert stack.runner.logged("job_runner.dispatch_resumed") == 1
+    assert stack.runner.logged("job_runner.server_job_launched") == 1
+    assert stack.result(record)["server_job.log"].count(b'"server_job.started"') == 1
+    wait_for(lambda: stack.freed(job_id), timeout=10, what="every site to be freed")
+
+
+def test_max_runtime_aborts_a_longer_job_and_a_bad_one_is_ignored(stack: Stack) -> None:
+    job_id = stack.run(flow_job(flow("Hold"), max_runtime=1))
+    record = stack.wait_status(job_id, S.FINISHED_ABORTED)
+    assert record.status_reason == "max_runtime 1 s exceeded"
+    wait_for(lambda: stack.freed(job_id), timeout=10, what="every site to be freed")
+    bad = stack.run(flow_job(flow("Done"), max_runtime="soon"))
+    stack.wait_status(bad, S.FINISHED_COMPLETED)
+    assert stack.runner.logged("job_runner.max_runtime_ignored") == 1
+    assert f'"job_id": "{bad}"' in stack.runner.log()
+
+
+def test_a_site_that_goes_offline_is_gone_for_the_server_job(
+    stack_of: Callable[..., Stack], site_users: Callable[..., dict[str, Settings]],
+) -> None:
+    users = site_users(["site-1", "site-2"])
+    # client jobs report once: a long job TTL keeps that report, so only going offline counts
+    stack = stack_of(2, "--job-ttl", "120",
+                     broker_urls={site: s.amqp_url for site, s in users.items()})
+    wait_for(lambda: set(stack.state.online_sites()) == {"site-1", "site-2"}, timeout=15,
+             what="both sites online")
+    job_id = stack.run(flow_job(flow("Watch")))
+    stack.wait_status(job_id, S.RUNNING)
+    wait_for(lambda: all(s["last_heartbeat_ms"] for s in stack.job(job_id).site_states.values()),
+             timeout=15, what="both client jobs' heartbeats")
+    stack.agents[1].kill()
+    record = stack.wait_status(job_id, S.FINISHED_COMPLETED)
+    assert json.loads(stack.result(record)["gone.json"]) == {"site-2": "site went offline"}
+    assert record.site_states["site-2"]["gone"] == "site went offline"
+    assert record.site_states["site-1"]["gone"] == "" and record.failed_sites == ["site-2"]
+
+
+def test_a_site_running_a_job_it_should_not_is_told_to_abort(
+    stack_of: Callable[..., Stack], site_users: Callable[..., dict[str, Settings]],
+    site_agents: SiteAgents, job_store_blobs: S3BlobStore,
+) -> None:
+    users = site_users(["site-1"])
+    stack = stack_of(0)
+    agent = site_agents.start("site-1", broker_url=users["site-1"].amqp_url,
+                              client_job_module=HOLDING_CJ)
+    allocate(agent, "ghost", {})
+    deploy(agent, job_store_blobs, "ghost")
+    start(agent, "ghost")  # a job fedhive never had, running on the site
+    wait_for(lambda: _state(agent, "ghost") == "ABORTED", timeout=20,
+             what="the site to abort the stray job")
+    assert stack.runner.logged("job_runner.stray_job") == 1
+
+
+def _allocated(agent: SiteAgentProcess, job_id: str) -> bool:
+    job = agent.job(job_id)
+    return job is not None and job.state == "ALLOCATED"
+
+
+def _state(agent: SiteAgentProcess, job_id: str) -> str:
+    job = agent.job(job_id)
+    return "" if job is None else job.state
 
 
 def _gone(pid: int) -> bool:

@@ -129,7 +129,8 @@ def test_job_json_schema() -> None:
         "id", "name", "status", "status_reason", "submitter", "org", "role", "submit_time",
         "start_time", "end_time", "duration_s", "schedule_count", "last_schedule_time",
         "next_schedule_time", "sites", "failed_sites", "deploy_map", "resource_spec",
-        "min_clients", "mandatory_clients", "cloned_from", "pending_reason", "history",
+        "min_clients", "mandatory_clients", "cloned_from", "pending_reason", "site_states",
+        "history",
     ]
     assert values["status"] == "RUNNING" and values["status_reason"] == "started"
     assert values["submit_time"] == "2023-11-14T22:13:20.000Z"

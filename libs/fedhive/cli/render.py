@@ -6,7 +6,9 @@ JSON job (`--json`; `jobs --json` prints a list of these):
     submit_time, start_time, end_time (ISO 8601 UTC or null), duration_s (null until started),
     schedule_count, last_schedule_time, next_schedule_time, sites, failed_sites, deploy_map,
     resource_spec, min_clients, mandatory_clients, cloned_from (null if not a clone),
-    pending_reason ({} unless a SUBMITTED job waits), history [{from, to, reason, at}]
+    pending_reason ({} unless a SUBMITTED job waits), history [{from, to, reason, at}],
+    site_states ({site: {allocated, deployed, started, excluded, gone, last_heartbeat}}: each
+    site's part in the run; excluded/gone say why, "" if not; last_heartbeat ISO or null)
 
 JSON site: name, org, online, last_seen (ISO 8601 UTC), running_jobs, resources, agent_version.
 """
@@ -61,6 +63,7 @@ def job_json(job: JobRecord, now_ms: int) -> dict[str, Any]:
         "mandatory_clients": job.meta.mandatory_clients,
         "cloned_from": job.meta.extra.get("cloned_from"),
         "pending_reason": job.pending_reason,
+        "site_states": {site: _site_state(values) for site, values in job.site_states.items()},
         "history": [
             {
                 "from": change.from_status.value if change.from_status else None,
@@ -71,6 +74,15 @@ def job_json(job: JobRecord, now_ms: int) -> dict[str, Any]:
             for change in job.history
         ],
     }
+
+
+def _site_state(values: dict[str, Any]) -> dict[str, Any]:
+    return {"allocated": bool(values.get("allocated")),
+            "deployed": bool(values.get("deployed")),
+            "started": bool(values.get("started")),
+            "excluded": str(values.get("excluded") or ""),
+            "gone": str(values.get("gone") or ""),
+            "last_heartbeat": iso(int(values.get("last_heartbeat_ms") or 0))}
 
 
 def site_json(site: SiteInfo) -> dict[str, Any]:
@@ -123,12 +135,27 @@ def print_job(console: Console, job: JobRecord, now_ms: int) -> None:
         f"{app} -> {' '.join(targets) or '(nowhere)'}" for app, targets in deploy_map
     ))
     console.print(details)
+    if job.site_states:
+        console.print(_site_states_table(values["site_states"]))
     history = Table("At (UTC)", "From", "To", "Reason", title="history")
     for change in job.history:
         history.add_row(_human_time(change.at_ms),
                         change.from_status.value if change.from_status else "",
                         change.to_status.value, change.reason)
     console.print(history)
+
+
+def _site_states_table(states: dict[str, dict[str, Any]]) -> Table:
+    table = Table("Site", "Allocated", "Deployed", "Started", "Last Heartbeat (UTC)",
+                  "Excluded / Gone", title="sites")
+    for site, state in sorted(states.items()):
+        heartbeat = state["last_heartbeat"]
+        why = "; ".join(filter(None, (state["excluded"] and f"excluded: {state['excluded']}",
+                                      state["gone"] and f"gone: {state['gone']}")))
+        table.add_row(site, *("yes" if state[k] else "no"
+                              for k in ("allocated", "deployed", "started")),
+                      "" if heartbeat is None else heartbeat[:19].replace("T", " "), why)
+    return table
 
 
 def sites_table(sites: list[SiteInfo]) -> Table:

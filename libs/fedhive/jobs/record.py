@@ -62,6 +62,10 @@ class JobRecord:
     pending_reason: dict[str, Any] = field(default_factory=dict)  # empty: not waiting
     # site -> reservation token of its check_resources, set with SUBMITTED -> DISPATCHED
     reservations: dict[str, str] = field(default_factory=dict)
+    # site -> its part in the run, written by the job-runner: allocated, deployed, started
+    # (bools), excluded and gone (why it was left out / the server job was told it is gone;
+    # "" if not), last_heartbeat_ms (its last heartbeat for the job; 0: none seen)
+    site_states: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def status_reason(self) -> str:

@@ -151,6 +151,8 @@ def record_to_proto(record: JobRecord) -> job_pb2.JobRecord:
     )
     if record.pending_reason:
         message.pending_reason.CopyFrom(dict_to_struct(record.pending_reason))
+    if record.site_states:
+        message.site_states.CopyFrom(dict_to_struct(record.site_states))
     return message
 
 
@@ -175,6 +177,9 @@ def record_from_proto(message: job_pb2.JobRecord) -> JobRecord:
             struct_to_dict(message.pending_reason) if message.HasField("pending_reason") else {}
         ),
         reservations=dict(message.reservations),
+        site_states=(
+            struct_to_dict(message.site_states) if message.HasField("site_states") else {}
+        ),
     )
 
 

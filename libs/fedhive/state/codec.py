@@ -3,8 +3,8 @@
 `{ns}:job:<id>` is a hash of strings, one field per record attribute: scalars as text, `meta`
 as the JSON of `fedhive.jobs.serde.meta_to_dict` (JSON rather than protobuf bytes so the
 record reads in redis-cli and keeps int/float apart), `sites`, `failed_sites`,
-`pending_reason` and `reservations` as JSON, times as epoch-millisecond integers (absent: not
-happened yet).
+`pending_reason`, `reservations` and `site_states` as JSON, times as epoch-millisecond
+integers (absent: not happened yet).
 `{ns}:job:<id>:history` is a list of JSON objects `{"from", "to", "reason", "at"}`, oldest
 first; the status reason is the reason of the last entry.
 """
@@ -55,6 +55,7 @@ def update_fields(update: JobUpdate | None) -> list[str]:
         "archive_key": update.archive_key,
         "result_key": update.result_key,
         "reservations": None if update.reservations is None else _json(update.reservations),
+        "site_states": None if update.site_states is None else _json(update.site_states),
     }
     return [item for name, value in values.items() if value is not None for item in (name, value)]
 
@@ -107,6 +108,7 @@ def record_from_redis(key: str, fields: dict[str, str], history: Sequence[str]) 
             history=[_change(entry) for entry in history],
             pending_reason=json.loads(fields.get("pending_reason") or "{}"),
             reservations=json.loads(fields.get("reservations") or "{}"),
+            site_states=json.loads(fields.get("site_states") or "{}"),
         )
     except (KeyError, ValueError) as err:
         raise FedhiveError(f"job record {key} is corrupt: {err!r}", field=key) from err

@@ -32,6 +32,7 @@ class JobUpdate:
     archive_key: str | None = None
     result_key: str | None = None
     reservations: dict[str, str] | None = None
+    site_states: dict[str, dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

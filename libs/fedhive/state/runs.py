@@ -36,6 +36,7 @@ class SiteState:
     gone: str = ""  # why the SJ was told the site is gone, when it was
     reported: bool = False  # the site sent a heartbeat for the job at least once
     seen_online: bool = False  # the registry had the site online while the job ran
+    last_heartbeat_ms: int = 0  # the site's last heartbeat for the job, 0 before the first
 
 
 @dataclass(frozen=True)

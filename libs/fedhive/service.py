@@ -8,6 +8,7 @@ the process with one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import threading
@@ -46,3 +47,25 @@ def run(
     running.close()
     log.info("service.stopped")
     sys.exit(0)
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse `type` for durations and intervals: a number above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be positive")
+    return value
+
+
+def count(text: str) -> int:
+    """An argparse `type` for counts: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value

@@ -25,7 +25,7 @@ from fedhive.bus import Delivery, Handler, RabbitBus
 from fedhive.config import Settings
 from fedhive.names import Names
 from fedhive.proto.v1 import admin_pb2, runner_pb2
-from fedhive.service import run
+from fedhive.service import positive_seconds, run
 from fedhive.sites.intake import IntakeConfig
 from fedhive.state import RedisStateStore
 from fedhive.state.runs import RunTable
@@ -99,16 +99,6 @@ def build(settings: Settings, log: Any, *, options: Options) -> JobRunner:
     return runner
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be positive")
-    return value
-
-
 @dataclass(frozen=True)
 class Options:
     intake: IntakeConfig
@@ -122,14 +112,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         description="fedhive job-runner: runs dispatched jobs; heartbeat intake and site "
         "registry. Broker, Redis and namespace come from FEDHIVE_* variables.",
     )
-    parser.add_argument("--site-ttl", type=_positive, default=defaults.site_ttl_s,
+    parser.add_argument("--site-ttl", type=positive_seconds, default=defaults.site_ttl_s,
                         metavar="SECONDS",
                         help="a site is offline this long after its last heartbeat "
                         "(default %(default)s: 3 x the agents' 5 s interval)")
-    parser.add_argument("--job-ttl", type=_positive, default=defaults.job_ttl_s,
+    parser.add_argument("--job-ttl", type=positive_seconds, default=defaults.job_ttl_s,
                         metavar="SECONDS", help="lifetime of a client job's last heartbeat "
                         "(default %(default)s)")
-    parser.add_argument("--sweep-interval", type=_positive, default=defaults.sweep_interval_s,
+    parser.add_argument("--sweep-interval", type=positive_seconds,
+                        default=defaults.sweep_interval_s,
                         metavar="SECONDS", help="how often expired sites are looked for "
                         "(default %(default)s)")
     parser.add_argument("--runner-id", default=socket.gethostname(),
@@ -138,12 +129,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--work-dir", type=Path,
                         default=Path(tempfile.gettempdir()) / "fedhive-runner",
                         help="where server jobs' workspaces go (default %(default)s)")
-    parser.add_argument("--sync-timeout", type=_positive, default=10.0, metavar="SECONDS",
+    parser.add_argument("--sync-timeout", type=positive_seconds, default=10.0, metavar="SECONDS",
                         help="how long sites have to answer allocate, deploy and start; no "
                         "answer is a failure (default %(default)s)")
-    parser.add_argument("--abort-grace", type=_positive, default=5.0, metavar="SECONDS",
+    parser.add_argument("--abort-grace", type=positive_seconds, default=5.0, metavar="SECONDS",
                         help="SIGTERM to SIGKILL of a server job (default %(default)s)")
-    parser.add_argument("--orphan-grace", type=_positive, default=5.0, metavar="SECONDS",
+    parser.add_argument("--orphan-grace", type=positive_seconds, default=5.0, metavar="SECONDS",
                         help="a DISPATCHED job that no runner works on this long (its dispatch "
                         "command was lost, or its runner died mid-dispatch) is dispatched "
                         "again (default %(default)s)")

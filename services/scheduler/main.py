@@ -18,7 +18,7 @@ from fedhive.config import Settings
 from fedhive.errors import FedhiveError
 from fedhive.names import Names
 from fedhive.scheduling import Scheduler, SchedulerConfig
-from fedhive.service import run
+from fedhive.service import count, positive_seconds, run
 from fedhive.state import RedisStateStore
 
 from .adapters import RUNNER_SERVICE, BusRunnerLink, BusSiteResources
@@ -59,26 +59,6 @@ def build(settings: Settings, log: Any, *, config: SchedulerConfig, loop: LoopCo
     return Running(service, bus, state)
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be positive")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
-    return value
-
-
 def parse_args(argv: Sequence[str] | None = None) -> tuple[SchedulerConfig, LoopConfig]:
     d, dl = SchedulerConfig(), LoopConfig()
     parser = argparse.ArgumentParser(
@@ -86,23 +66,23 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[SchedulerConfig, Loop
         description="fedhive scheduler: decides when a job may run (FLARE DefaultJobScheduler "
         "semantics). Broker, Redis and namespace come from FEDHIVE_* variables.")
     add = parser.add_argument
-    add("--max-jobs", type=_count, default=d.max_jobs,
+    add("--max-jobs", type=count, default=d.max_jobs,
         help="jobs DISPATCHED or RUNNING at once (default %(default)s)")
-    add("--max-schedule-count", type=_count, default=d.max_schedule_count,
+    add("--max-schedule-count", type=count, default=d.max_schedule_count,
         help="failed tries before FINISHED:CAN_NOT_SCHEDULE (default %(default)s)")
-    add("--min-schedule-interval", type=_positive, default=d.min_schedule_interval_s,
+    add("--min-schedule-interval", type=positive_seconds, default=d.min_schedule_interval_s,
         metavar="SECONDS", help="wait after the first failed try; doubles after each "
         "(default %(default)s)")
-    add("--max-schedule-interval", type=_positive, default=d.max_schedule_interval_s,
+    add("--max-schedule-interval", type=positive_seconds, default=d.max_schedule_interval_s,
         metavar="SECONDS", help="longest wait between tries (default %(default)s)")
-    add("--check-timeout", type=_positive, default=d.check_timeout_s, metavar="SECONDS",
+    add("--check-timeout", type=positive_seconds, default=d.check_timeout_s, metavar="SECONDS",
         help="a site that does not answer check_resources in time says no "
         "(default %(default)s)")
-    add("--tick", type=_positive, default=dl.tick_s, metavar="SECONDS",
+    add("--tick", type=positive_seconds, default=dl.tick_s, metavar="SECONDS",
         help="pass interval without wake-up events (default %(default)s)")
-    add("--lease-ttl", type=_positive, default=dl.lease_ttl_s, metavar="SECONDS",
+    add("--lease-ttl", type=positive_seconds, default=dl.lease_ttl_s, metavar="SECONDS",
         help="leader lease lifetime (default %(default)s)")
-    add("--renew-interval", type=_positive, default=dl.renew_interval_s, metavar="SECONDS",
+    add("--renew-interval", type=positive_seconds, default=dl.renew_interval_s, metavar="SECONDS",
         help="leader lease renewal interval (default %(default)s)")
     args = parser.parse_args(argv)
     try:

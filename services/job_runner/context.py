@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fedhive.blobs import BlobStore
 from fedhive.bus import Bus
@@ -16,6 +15,16 @@ from fedhive.names import Names
 from fedhive.state import StateStore
 from fedhive.state.port import Fence
 from fedhive.state.runs import RunTable
+
+
+class ChildProcess(Protocol):
+    """A server job this runner started: the part of `subprocess.Popen` the runner uses."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -39,7 +48,7 @@ class RunnerContext:
     runs: RunTable
     config: RunnerConfig
     log: Any
-    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    children: dict[str, ChildProcess] = field(default_factory=dict)
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 

@@ -3,21 +3,33 @@
 The SJ runs in its own process group (so stopping it stops whatever it started) and does not
 depend on the runner: a restarted runner finds it by pid, checked against its create time so a
 reused pid is never taken for it (nor killed).
+
+SJs are forked by a fork server (`multiprocessing`'s, started on the first launch) that has
+imported `fedhive.fl.server_job` and the runner's modules once: a Python start-up with those
+imports costs ~0.4 CPU-s, most of a tiny job's server side. The forked SJ is not the runner's
+child; its exit status comes back through the fork server (`ChildProcess.poll`).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
-import subprocess
-import sys
 import time
+from multiprocessing.popen_forkserver import Popen as ForkedPopen
 
 import psutil
 
+from fedhive.fl.server_job import forked_main
 from fedhive.state.runs import RunEntry
 
 from .context import RunnerContext
+
+# What the fork server imports before forking SJs: the SJ and the runner's own entry module
+# (a forked child re-runs the parent's main module; imported already, that costs nothing).
+PRELOAD = ["fedhive.fl.server_job", "fedhive_services.job_runner.main"]
+_FORKS = multiprocessing.get_context("forkserver")
+_FORKS.set_forkserver_preload(PRELOAD)
 
 
 def child_env() -> dict[str, str]:
@@ -31,14 +43,15 @@ def launch(ctx: RunnerContext, entry: RunEntry, env: dict[str, str], sites: list
            ) -> RunEntry:
     workspace = os.path.join(entry.workspace, "workspace")
     os.makedirs(workspace, exist_ok=True)
-    command = [sys.executable, "-m", "fedhive.fl.server_job", "--job-id", entry.job_id,
-               "--app-dir", os.path.join(entry.workspace, "app"), "--workspace", workspace,
-               "--liveness-interval", str(ctx.config.sj_liveness_s)]
+    argv = ["--job-id", entry.job_id, "--app-dir", os.path.join(entry.workspace, "app"),
+            "--workspace", workspace, "--liveness-interval", str(ctx.config.sj_liveness_s)]
     for site in sites:
-        command += ["--site", site]
-    with open(os.path.join(workspace, "server_job.log"), "ab") as log:
-        proc = subprocess.Popen(command, cwd=workspace, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        argv += ["--site", site]
+    # Popen directly, not Process.start: a started Process is joined when the runner exits,
+    # and the SJ must outlive a stopped runner.
+    proc = ForkedPopen(_FORKS.Process(
+        target=forked_main, name=f"server-job.{entry.job_id}",
+        args=(argv, workspace, os.path.join(workspace, "server_job.log"), env)))
     ctx.children[entry.job_id] = proc
     try:
         started = psutil.Process(proc.pid).create_time()

@@ -164,5 +164,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if outcome.completed else 1
 
 
+def forked_main(argv: list[str], cwd: str, log_path: str, env: dict[str, str]) -> None:
+    """Entry point of an SJ forked by the job-runner's fork server (which has this module and
+    its dependencies imported already, sparing each job a Python start-up): the process set-up
+    Popen gives `python -m fedhive.fl.server_job` — its own session, `cwd`, stdout and stderr
+    appended to `log_path`, the environment `env` (the one place the SJ writes `os.environ`:
+    the fork server's own may be older than what the runner hands down) — then `main`."""
+    os.setsid()
+    os.chdir(cwd)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.exit(main(argv))
+
+
 if __name__ == "__main__":
     sys.exit(main())

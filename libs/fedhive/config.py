@@ -1,14 +1,14 @@
 """Settings: built once from the environment by each process's composition root, then passed down.
 
-This is the only module that reads the environment. Invalid settings raise `ConfigError` whose
-one-line message names the variable.
+This is the only module that reads the environment (also for what a child process inherits).
+Invalid settings raise `ConfigError` whose one-line message names the variable.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -101,6 +101,19 @@ class Settings:
     @property
     def amqp_tls(self) -> bool:
         return self.amqp_url.startswith("amqps://")
+
+
+def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment to hand a child process (a server or client job): this process's own
+    (PATH, PYTHONPATH, locale, the FEDHIVE_*/AWS_* variables its Settings came from) plus
+    `extra`, which wins (e.g. the CUDA_VISIBLE_DEVICES of a resource consumer)."""
+    return {**os.environ, **(extra or {})}
+
+
+def environment_values(names: Sequence[str]) -> dict[str, str | None]:
+    """The values of `names` in this process's environment (None: unset); a child job reports
+    what its parent set for it."""
+    return {name: os.environ.get(name) for name in names}
 
 
 def _url(name: str, value: str | None, schemes: tuple[str, ...]) -> str:

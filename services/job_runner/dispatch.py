@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fedhive.bus import Delivery
+from fedhive.config import child_environment
 from fedhive.errors import FedhiveError, IllegalTransition, NotFound, RpcTimeout
 from fedhive.jobs.archive import write_zip
 from fedhive.jobs.definition import JobDefinition, load_job
@@ -165,7 +166,7 @@ class _Dispatch:
             target = app_dir / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(files.read(name))
-        entry = server_job.launch(self.ctx, self.entry, server_job.child_env(), self.active())
+        entry = server_job.launch(self.ctx, self.entry, child_environment(), self.active())
         self.save(RunEntry(**{**entry.__dict__, "phase": "starting"}))
         self.log.info("job_runner.server_job_launched", pid=entry.pid)
 

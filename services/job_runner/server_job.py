@@ -32,13 +32,6 @@ _FORKS = multiprocessing.get_context("forkserver")
 _FORKS.set_forkserver_preload(PRELOAD)
 
 
-def child_env() -> dict[str, str]:
-    """The SJ's environment: the runner's own, unchanged (PATH, PYTHONPATH, locale and the
-    FEDHIVE_*/AWS_* variables the runner's `Settings` came from). The one place the runner reads
-    its environment, only to hand it down."""
-    return dict(os.environ)
-
-
 def launch(ctx: RunnerContext, entry: RunEntry, env: dict[str, str], sites: list[str],
            ) -> RunEntry:
     workspace = os.path.join(entry.workspace, "workspace")

@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 
+from fedhive.config import child_environment
 from fedhive.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from fedhive.jobs.archive import UnsafeArchive
 from fedhive.jobs.validation import APP_NAME
@@ -201,7 +202,7 @@ class SiteAgent:
                 args += ["--resource-env", name]
             proc = process.spawn(
                 self.config.client_job_module, args, cwd=self._ws.app_dir(job_id),
-                env=process.child_environment(env), log_file=self._ws.log_file(job_id),
+                env=child_environment(env), log_file=self._ws.log_file(job_id),
             )
             record = self._save(record.but(
                 state=JobState.RUNNING, pid=proc.pid, pid_started=process.start_time(proc.pid)

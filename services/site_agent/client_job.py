@@ -22,7 +22,7 @@ from pathlib import Path
 import pika
 
 from fedhive.bus import RabbitBus
-from fedhive.config import Settings
+from fedhive.config import Settings, environment_values
 from fedhive.errors import FedhiveError
 from fedhive.logging import configure
 from fedhive.names import Names
@@ -30,7 +30,6 @@ from fedhive.sites.heartbeat import JobHeartbeat
 from fedhive.sites.serde import job_heartbeat_to_proto
 
 from .config import agent_settings, load_site
-from .process import inherited
 from .records import Workspace, check_job_id, now_ms, write_json
 
 
@@ -57,7 +56,7 @@ def run(args: argparse.Namespace) -> None:
         "process_group": os.getpgid(0),
         "cwd": str(Path.cwd()),
         "server_queue": args.server_queue,
-        "resource_env": inherited(args.resource_env),
+        "resource_env": environment_values(args.resource_env),
         "broker_user": pika.URLParameters(settings.amqp_url).credentials.username,
         "started_at_ms": now_ms(),
     }

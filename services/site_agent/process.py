@@ -22,23 +22,6 @@ import structlog
 log = structlog.get_logger()
 
 
-def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
-    """The client job's environment: the agent's own, plus what the resource consumer set (for
-    example CUDA_VISIBLE_DEVICES).
-
-    This (with `inherited`) is the one place the site agent reads `os.environ`: a child
-    process inherits its parent's environment (PATH, PYTHONPATH, the log level) and the
-    consumer's variables must be added to it, not replace it.
-    """
-    return {**os.environ, **extra}
-
-
-def inherited(names: Sequence[str]) -> dict[str, str | None]:
-    """In the client job: the values of the variables the agent set for it (None: unset).
-    The counterpart of `child_environment`, the one other read of `os.environ`."""
-    return {name: os.environ.get(name) for name in names}
-
-
 def spawn(
     module: str,
     args: Sequence[str],

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedhive.config import Settings
+from fedhive.config import Settings, child_environment
 from fedhive.errors import AlreadyExists, ConfigError, FailedPrecondition, InvalidArgument
 from fedhive.jobs.archive import UnsafeArchive
 from fedhive.resources import build_resources
@@ -166,7 +166,7 @@ def test_process_identity() -> None:
     assert process.alive(os.getpid(), me)
     assert not process.alive(os.getpid(), me + 1)  # a reused pid is not our process
     assert not process.alive(0, None)
-    assert process.child_environment({"CUDA_VISIBLE_DEVICES": "3"})["CUDA_VISIBLE_DEVICES"] == "3"
+    assert child_environment({"CUDA_VISIBLE_DEVICES": "3"})["CUDA_VISIBLE_DEVICES"] == "3"
 
 
 def test_expiry() -> None:

@@ -61,6 +61,8 @@ class Names:
     def job_status_event(status: str) -> str:
         return f"job.status.{status}"
 
+    JOB_ROUND_COMPLETED = "job.round.completed"  # a server job's workflow finished a round
+
     # Redis ----------------------------------------------------------------------------------
     def key(self, *parts: str) -> str:
         return ":".join((self.ns, *parts))
@@ -132,6 +134,14 @@ class Names:
 
     def job_result_key(self, job_id: str) -> str:
         return f"{self.job_prefix(job_id)}result.zip"
+
+    def job_tensor_prefix(self, job_id: str) -> str:
+        """A job's tensor objects (task data, results, checkpoints), deleted with the job."""
+        return f"{self.job_prefix(job_id)}tensors/"
+
+    def job_checkpoint_key(self, job_id: str) -> str:
+        """The job's last completed round: global model refs and round number (resume)."""
+        return f"{self.job_prefix(job_id)}checkpoint.pb"
 
     def staging_key(self, upload_id: str) -> str:
         """Where the gateway stages an uploaded archive before the job-store accepts it."""

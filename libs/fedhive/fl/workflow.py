@@ -14,7 +14,13 @@ other, in the order the config lists them, on its main thread:
   reporting the job, or went offline), each with the reason: a workflow goes on with the
   others or raises if it can no longer meet its minimums.
 
-The controller/task API of the FL runtime is built on this interface.
+* a workflow may define `prepare(ctx)`: the server job calls it for every workflow before
+  running the first, so a workflow that names a missing component or one of the wrong type
+  (`ComponentError` naming the id and the field) fails the job at start, not rounds into it.
+
+Workflows give sites work through the task API (`fedhive.fl.controller.Controller` over
+`ctx.tasks`), put tensors in S3 through `ctx.codec` (refs the sites can read through presigned
+URLs), and report each finished round through `ctx.report_round` (what `fedhive metrics` shows).
 """
 
 from __future__ import annotations
@@ -22,8 +28,23 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from fedhive.errors import FailedPrecondition
+from fedhive.fl.components import ComponentError
+from fedhive.names import Names
+
+if TYPE_CHECKING:
+    from fedhive.blobs import BlobStore, TensorCodec
+    from fedhive.fl.task_manager import TaskManager
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    workflow: str  # the workflow's id in the server config
+    round: int  # 0-based
+    num_rounds: int
+    metrics: dict[str, Any]  # {"aggregate": {...}, "sites": {site: {...}}} or any JSON
 
 @dataclass
 class WorkflowContext:
@@ -32,9 +53,22 @@ class WorkflowContext:
     workspace: Path  # the server job's own folder; what it holds becomes the job's result
     log: Any  # a structlog logger bound with job_id
     components: dict[str, Any] = field(default_factory=dict)  # built components by id
+    tasks: TaskManager | None = None  # the job's task manager (set by the server job)
+    store: BlobStore | None = None  # credentialed S3 (the SJ's)
+    codec: TensorCodec | None = None  # packs arrays into refs sites can read
+    names: Names | None = None  # the deployment's queue, key and object names
+    resume_from: str = ""  # a job id: continue from that job's last checkpoint
+    report_round: Any = None  # Callable[[RoundReport], None], set by the server job
     abort: threading.Event = field(default_factory=threading.Event)
     _gone: dict[str, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def tensor_prefix(self) -> str:
+        """Where this job's tensor objects live (task data, results, checkpoints)."""
+        if self.names is None:
+            raise FailedPrecondition("the workflow context has no names", field="names")
+        return self.names.job_tensor_prefix(self.job_id)
 
     def gone_sites(self) -> dict[str, str]:
         """Sites that left the job while it ran -> why."""
@@ -49,3 +83,15 @@ class WorkflowContext:
 
 class Workflow(Protocol):
     def run(self, ctx: WorkflowContext) -> None: ...
+
+
+def component(ctx: WorkflowContext, owner: str, field_name: str, cid: str, kind: type) -> Any:
+    """The component `cid` that workflow `owner` names in `field_name`, checked to be a `kind`."""
+    if cid not in ctx.components:
+        raise ComponentError(f"workflow {owner!r}: {field_name} names component {cid!r}, "
+                             "which the server config does not define")
+    value = ctx.components[cid]
+    if not isinstance(value, kind):
+        raise ComponentError(f"workflow {owner!r}: {field_name} names component {cid!r}, a "
+                             f"{type(value).__name__}, not a {kind.__name__}")
+    return value

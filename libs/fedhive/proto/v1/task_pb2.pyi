@@ -170,12 +170,15 @@ class TaskResult(_message.Message):
     TASK_NAME_FIELD_NUMBER: _builtins.int
     RETURN_CODE_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     site: _builtins.str
     task_id: _builtins.str
     task_name: _builtins.str
     return_code: _builtins.str
-    """"OK" or an error code"""
+    """"OK" or an error code (fedhive.fl.tasks.ReturnCode)"""
+    error: _builtins.str
+    """one line: what went wrong, with an error return code"""
     @_builtins.property
     def data(self) -> Global___Dxo: ...
     def __init__(
@@ -187,10 +190,11 @@ class TaskResult(_message.Message):
         task_name: _builtins.str = ...,
         return_code: _builtins.str = ...,
         data: Global___Dxo | None = ...,
+        error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "job_id", b"job_id", "return_code", b"return_code", "site", b"site", "task_id", b"task_id", "task_name", b"task_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "error", b"error", "job_id", b"job_id", "return_code", b"return_code", "site", b"site", "task_id", b"task_id", "task_name", b"task_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -201,17 +205,179 @@ class TaskResultReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ACCEPTED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     accepted: _builtins.bool
-    """false for a late result of a finished task"""
+    """false e.g. for a late result of a finished task"""
+    reason: _builtins.str
+    """why it was not accepted"""
     def __init__(
         self,
         *,
         accepted: _builtins.bool = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskResultReply: _TypeAlias = TaskResultReply  # noqa: Y015
+
+@_typing.final
+class GrantUploadRequest(_message.Message):
+    """CJ -> SJ RPC: where to upload result arrays too large to travel inline. Objects are
+    content-addressed (`{job tensor prefix}sha256/<hex>`), so one already there is not sent again.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SITE_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    CHECKSUMS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    site: _builtins.str
+    task_id: _builtins.str
+    @_builtins.property
+    def checksums(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """"sha256:<hex>" of each array's bytes"""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        site: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        checksums: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksums", b"checksums", "job_id", b"job_id", "site", b"site", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GrantUploadRequest: _TypeAlias = GrantUploadRequest  # noqa: Y015
+
+@_typing.final
+class UploadGrant(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class Target(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        CHECKSUM_FIELD_NUMBER: _builtins.int
+        KEY_FIELD_NUMBER: _builtins.int
+        URL_FIELD_NUMBER: _builtins.int
+        URL_EXPIRES_AT_MS_FIELD_NUMBER: _builtins.int
+        PRESENT_FIELD_NUMBER: _builtins.int
+        checksum: _builtins.str
+        key: _builtins.str
+        url: _builtins.str
+        """presigned PUT of `key`; empty when `present`"""
+        url_expires_at_ms: _builtins.int
+        present: _builtins.bool
+        """the object exists already: nothing to upload"""
+        def __init__(
+            self,
+            *,
+            checksum: _builtins.str = ...,
+            key: _builtins.str = ...,
+            url: _builtins.str = ...,
+            url_expires_at_ms: _builtins.int = ...,
+            present: _builtins.bool = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "key", b"key", "present", b"present", "url", b"url", "url_expires_at_ms", b"url_expires_at_ms"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TARGETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def targets(self) -> _containers.RepeatedCompositeFieldContainer[Global___UploadGrant.Target]:
+        """in the order of the request's checksums"""
+
+    def __init__(
+        self,
+        *,
+        targets: _abc.Iterable[Global___UploadGrant.Target] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["targets", b"targets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UploadGrant: _TypeAlias = UploadGrant  # noqa: Y015
+
+@_typing.final
+class WorkerExit(_message.Message):
+    """CJ -> SJ command: the client job cannot work (e.g. a bad executor config) and exits; the SJ
+    treats the site as gone from the job.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SITE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    site: _builtins.str
+    error: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        site: _builtins.str = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "job_id", b"job_id", "site", b"site"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkerExit: _TypeAlias = WorkerExit  # noqa: Y015
+
+@_typing.final
+class RoundCompleted(_message.Message):
+    """Event `job.round.completed` (SJ): a workflow finished a round; `metrics` as the workflow
+    reported it ({"aggregate": {...}, "sites": {site: {...}}}).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    WORKFLOW_FIELD_NUMBER: _builtins.int
+    ROUND_FIELD_NUMBER: _builtins.int
+    NUM_ROUNDS_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
+    TIME_MS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    workflow: _builtins.str
+    round: _builtins.int
+    """0-based"""
+    num_rounds: _builtins.int
+    time_ms: _builtins.int
+    """unix epoch milliseconds"""
+    @_builtins.property
+    def metrics(self) -> _struct_pb2.Struct: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        workflow: _builtins.str = ...,
+        round: _builtins.int = ...,
+        num_rounds: _builtins.int = ...,
+        metrics: _struct_pb2.Struct | None = ...,
+        time_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "metrics", b"metrics", "num_rounds", b"num_rounds", "round", b"round", "time_ms", b"time_ms", "workflow", b"workflow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoundCompleted: _TypeAlias = RoundCompleted  # noqa: Y015

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedhive.errors import IllegalTransition, NotFound, StaleFencingToken
+from fedhive.errors import FedhiveError, IllegalTransition, NotFound, StaleFencingToken
 from fedhive.jobs.archive import write_zip
 from fedhive.jobs.events import publish_status
 from fedhive.jobs.record import JobRecord
@@ -47,11 +47,16 @@ def conclude(ctx: RunnerContext, entry: RunEntry, expected: JobStatus, new: JobS
 
 
 def clean_up(ctx: RunnerContext, entry: RunEntry, reason: str) -> str:
-    """Stop the SJ (its whole process group) and the CJs, free every site, store the result;
-    returns the result's key ('' when the server job never had a workspace)."""
+    """Stop the SJ (its whole process group) and the CJs, free every site, delete the job's
+    task queue, store the result; returns the result's key ('' when the server job never had a
+    workspace)."""
     server_job.stop(ctx, entry)
     release(ctx, entry.job_id, {site: state.token for site, state in entry.sites.items()},
             reason)
+    try:  # the job's task queue: nobody serves it any more
+        ctx.bus.delete_queue(ctx.names.job_server_queue(entry.job_id))
+    except FedhiveError as err:
+        ctx.log.warning("job_runner.queue_not_deleted", job_id=entry.job_id, error=str(err))
     return store_result(ctx, entry)
 
 

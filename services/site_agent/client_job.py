@@ -3,34 +3,64 @@
     python -m fedhive_services.site_agent.client_job --site-dir DIR --job-id ID \
         --server-queue QUEUE [--resource-env NAME ...]
 
-Its worker loop (get task, run executor, submit result) arrives with the FL runtime. Until then
-it does what every CJ does first and exits 0: it reports itself, proving the plumbing the agent
-gives it: its own process (group), the resource consumer's environment (each `--resource-env`
-variable's value), the deployed app as its working directory, and the site's broker identity
-(its `JobHeartbeat` on `site.<site>.job` carries the site's AMQP user_id). The same facts go to
-`<workspace>/.agent/jobs/<job_id>.cj.json` for the site operator.
+1. It reports itself, proving the plumbing the agent gives it: its own process (group), the
+   resource consumer's environment (each `--resource-env` variable's value), the deployed app
+   as its working directory, and the site's broker identity (its `JobHeartbeat` on
+   `site.<site>.job` carries the site's AMQP user_id). The same facts go to
+   `<workspace>/.agent/jobs/<job_id>.cj.json` for the site operator.
+2. It builds the executors of the app's `config/config_fed_client.json`; a config that does not
+   build is reported to the server job (`WorkerExit`, the site leaves the job) and ends the CJ
+   with exit code 1.
+3. It runs the worker loop (`fedhive.fl.worker`) against the server job's queue, sending a
+   `JobHeartbeat` every `heartbeat_interval_s` (the runner takes a job whose beats stop for a
+   gone site), and exits 0 once the server says END_RUN.
+
+SIGTERM (the agent's abort) sets the executors' abort event; the CJ gives the running task a
+moment to return, then dies by SIGTERM. Exit code 1 for any error that ends it (one line on
+stderr).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pika
 
 from fedhive.bus import RabbitBus
 from fedhive.config import Settings, environment_values
-from fedhive.errors import FedhiveError
+from fedhive.errors import FedhiveError, Unavailable, Unroutable
+from fedhive.fl.components import ComponentError
+from fedhive.fl.executor import Executors
+from fedhive.fl.worker import Worker, WorkerConfig
 from fedhive.logging import configure
 from fedhive.names import Names
+from fedhive.proto.v1 import task_pb2
+from fedhive.retry import Backoff
 from fedhive.sites.heartbeat import JobHeartbeat
 from fedhive.sites.serde import job_heartbeat_to_proto
 
-from .config import agent_settings, load_site
+from .config import SiteConfig, agent_settings, load_site
 from .records import Workspace, check_job_id, now_ms, write_json
+
+# WorkerExit may go out while the server job is still starting (its queue not there yet).
+EXIT_NOTICE = Backoff(base=0.2, cap=2.0, max_attempts=None, deadline=30.0)
+
+
+@dataclass
+class ClientJob:
+    settings: Settings  # the site's broker identity, no S3 or Redis credentials
+    config: SiteConfig
+    job_id: str
+    server_queue: str
+    log: Any
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -43,43 +73,124 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run(args: argparse.Namespace) -> None:
+def prepare(args: argparse.Namespace) -> ClientJob:
     base = Settings.from_env()
     config = load_site(args.site_dir)
     job_id = check_job_id(args.job_id)
     log = configure("client-job", level=base.log_level).bind(site=config.site, job_id=job_id)
-    settings = agent_settings(base, config)
-    report = {
-        "job_id": job_id,
-        "site": config.site,
+    return ClientJob(agent_settings(base, config), config, job_id, args.server_queue, log)
+
+
+def report(job: ClientJob, args: argparse.Namespace, bus: RabbitBus) -> None:
+    """The report file and the first JobHeartbeat."""
+    facts = {
+        "job_id": job.job_id,
+        "site": job.config.site,
         "pid": os.getpid(),
         "process_group": os.getpgid(0),
         "cwd": str(Path.cwd()),
-        "server_queue": args.server_queue,
+        "server_queue": job.server_queue,
         "resource_env": environment_values(args.resource_env),
-        "broker_user": pika.URLParameters(settings.amqp_url).credentials.username,
+        "broker_user": pika.URLParameters(job.settings.amqp_url).credentials.username,
         "started_at_ms": now_ms(),
     }
-    write_json(Workspace(config.workspace).report_file(job_id), report)
-    bus = RabbitBus(settings, name=f"client-job.{job_id}", sign=True)
+    write_json(Workspace(job.config.workspace).report_file(job.job_id), facts)
+    beat(job, bus, "started")
+    job.log.info("client_job.reported", resource_env=facts["resource_env"])
+
+
+def run(args: argparse.Namespace) -> ClientJob:
+    """Step 1 alone (the report), on a connection of its own."""
+    job = prepare(args)
+    bus = RabbitBus(job.settings, name=f"client-job.{job.job_id}", sign=True)
     try:
-        beat = JobHeartbeat(job_id=job_id, site=config.site, sent_at_ms=int(time.time() * 1000),
-                            current_task="started", progress=0.0)
-        bus.publish_event(Names.site_event(config.site, "job"), job_heartbeat_to_proto(beat))
+        report(job, args, bus)
     finally:
         bus.close()
-    log.info("client_job.reported", resource_env=report["resource_env"])
+    return job
+
+
+def beat(job: ClientJob, bus: RabbitBus, current_task: str) -> None:
+    heartbeat = JobHeartbeat(job_id=job.job_id, site=job.config.site,
+                             sent_at_ms=int(time.time() * 1000), current_task=current_task,
+                             progress=0.0)
+    bus.publish_event(Names.site_event(job.config.site, "job"),
+                      job_heartbeat_to_proto(heartbeat))
+
+
+def work(job: ClientJob, bus: RabbitBus, abort: threading.Event) -> bool:
+    """Steps 2 and 3; True after END_RUN, False once `abort` stopped it. Raises what ended the
+    worker (FedhiveError: one line for the operator)."""
+    try:
+        executors = Executors.load(Path.cwd())
+    except ComponentError as err:
+        job.log.error("client_job.bad_executor_config", error=str(err))
+        _exit_notice(job, bus, str(err))
+        raise
+    worker = Worker(bus, executors, WorkerConfig(
+        job_id=job.job_id, site=job.config.site, server_queue=job.server_queue,
+        workspace=Path.cwd(), inline_threshold=job.settings.inline_threshold,
+    ), abort=abort, log=job.log)
+    failure: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            worker.run()
+        except BaseException as err:  # handed to the main thread
+            failure.append(err)
+
+    thread = threading.Thread(target=loop, name="worker", daemon=True)
+    thread.start()
+    interval = job.config.heartbeat_interval_s
+    next_beat = time.monotonic() + interval
+    while thread.is_alive() and not abort.is_set():
+        thread.join(min(0.2, max(0.0, next_beat - time.monotonic())))
+        if time.monotonic() >= next_beat and thread.is_alive():
+            next_beat += interval
+            try:
+                beat(job, bus, worker.current_task)
+            except FedhiveError as err:  # the broker away for a moment: the next beat retries
+                job.log.warning("client_job.beat_failed", error=str(err))
+    if abort.is_set():
+        # Give the running task a moment to see the abort, well inside the agent's grace.
+        thread.join(min(5.0, job.config.abort_grace_s / 2))
+        job.log.info("client_job.stopped", task=worker.current_task)
+        return False
+    if failure:
+        raise failure[0]
+    return True
+
+
+def _exit_notice(job: ClientJob, bus: RabbitBus, error: str) -> None:
+    notice = task_pb2.WorkerExit(job_id=job.job_id, site=job.config.site, error=error)
+    try:
+        EXIT_NOTICE.call(lambda: bus.send(job.server_queue, notice),
+                         retry_on=(Unroutable, Unavailable))
+    except FedhiveError as err:
+        job.log.warning("client_job.exit_notice_failed", error=str(err))
 
 
 def main(argv: list[str] | None = None) -> None:
+    abort = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: abort.set())
     args = parse_args(argv)
+    bus: RabbitBus | None = None
     try:
-        run(args)
-    except FedhiveError as err:
+        job = prepare(args)
+        bus = RabbitBus(job.settings, name=f"client-job.{job.job_id}", sign=True)
+        report(job, args, bus)
+        ended = work(job, bus, abort)
+    except (FedhiveError, ComponentError) as err:
         print(f"fedhive-client-job: {err}", file=sys.stderr)
+        if bus is not None:
+            bus.close()
         sys.exit(1)
+    if not ended:  # stopped: end as SIGTERM would have, the running task given its moment
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+    bus.close()
+    job.log.info("client_job.ended")
     sys.exit(0)
-
 
 if __name__ == "__main__":
     main()

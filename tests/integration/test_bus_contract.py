@@ -170,6 +170,16 @@ def test_declaring_twice_is_a_no_op(bus: Bus, namespace: str) -> None:
     wait_for(lambda: got == ["j"], what="the command on the twice-declared queue")
 
 
+def test_a_deleted_queue_takes_its_dead_letters_along(bus: Bus, namespace: str) -> None:
+    queue = Names(namespace).job_server_queue("gone")
+    bus.declare_queue(queue)
+    bus.send(queue, site_pb2.AbortRequest(job_id="j"))  # left unconsumed: dropped with it
+    bus.delete_queue(queue)
+    bus.delete_queue(queue)  # a missing queue is not an error
+    with pytest.raises(Unroutable):
+        bus.send(queue, site_pb2.AbortRequest(job_id="j"))
+
+
 def test_errors_cross_as_fedhive_errors(bus: Bus, namespace: str) -> None:
     queue = Names(namespace).site_queue("err")
 

@@ -22,6 +22,7 @@ from tests.fixtures.site_agent import (
     allocate,
     app_bundle,
     deploy,
+    end_runs,
     start,
     upload,
 )
@@ -40,6 +41,7 @@ def test_check_allocate_deploy_start_finish_free(
     again = deploy(agent, blob_store, "job-1")  # a redelivered deploy is a no-op
     assert again.state == "DEPLOYED"
 
+    end_runs(make_bus(name="server-job"), agent.namespace, "job-1")
     started = start(agent, "job-1")
     assert started.state == "RUNNING" and started.pid > 0
     # The real client job reports itself: env from the consumer, cwd, broker identity.

@@ -6,17 +6,24 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import structlog
 
-from fedhive.fl.server_job import ComponentError, build_component, run_app
-from fedhive.fl.workflow import WorkflowContext
+from fedhive.fl.components import ComponentError, build_component
+from fedhive.fl.server_job import RoundReports, run_app
+from fedhive.fl.workflow import RoundReport, WorkflowContext
 
 FLOWS = '''
 class Recorder:
     def __init__(self, name, sink=None):
         self.name = name
         self.sink = sink
+
+    def prepare(self, ctx):
+        ctx.components.setdefault("order", []).append(f"prepare {self.name}")
+        if self.name == "bad":
+            raise ValueError("workflow 'bad': aggregator_id names component 'x', which ...")
 
     def run(self, ctx):
         ctx.components.setdefault("order", []).append(self.name)
@@ -47,7 +54,7 @@ def _wf(name: str) -> dict[str, Any]:
 def test_workflows_run_in_order_and_stop_at_abort(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path)
     run_app(_app(tmp_path, [_wf("a"), _wf("stop"), _wf("never")]), ctx)
-    assert ctx.components["order"] == ["a", "stop"]
+    assert ctx.components["order"] == ["prepare a", "prepare stop", "prepare never", "a", "stop"]
     assert set(ctx.components) == {"a", "stop", "never", "order"}
 
 
@@ -81,3 +88,22 @@ def test_gone_sites_keep_the_first_reason(tmp_path: Path) -> None:
     ctx.site_gone("site-1", "site went offline")
     ctx.site_gone("site-1", "site stopped reporting the job")
     assert ctx.gone_sites() == {"site-1": "site went offline"}
+
+
+def test_every_workflow_is_prepared_before_any_runs(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    with pytest.raises(ValueError, match="workflow 'bad'"):
+        run_app(_app(tmp_path, [_wf("a"), _wf("bad"), _wf("c")]), ctx)
+    assert ctx.components["order"] == ["prepare a", "prepare bad"]  # nothing ran
+
+
+def test_round_reports_accumulate_in_metrics_json(tmp_path: Path) -> None:
+    reports = RoundReports("j1", tmp_path, None, structlog.get_logger())
+    reports(RoundReport("FedAvg", 0, 2, {"aggregate": {"loss": np.float32(0.5)},
+                                         "sites": {"site-1": {"n": np.int64(3)}}}))
+    reports(RoundReport("FedAvg", 1, 2, {"aggregate": {"loss": 0.25}}))
+    rounds = json.loads((tmp_path / "metrics.json").read_text())["rounds"]
+    assert [(r["workflow"], r["round"], r["num_rounds"]) for r in rounds] == [
+        ("FedAvg", 0, 2), ("FedAvg", 1, 2)]
+    assert rounds[0]["metrics"] == {"aggregate": {"loss": 0.5}, "sites": {"site-1": {"n": 3}}}
+    assert rounds[1]["time"] >= rounds[0]["time"] > 0

@@ -23,6 +23,10 @@ class Bus(Protocol):
     def declare_queue(self, queue: str, binding_keys: Sequence[str] = ()) -> None:
         """Declare a command queue (and its dead-letter queue) without consuming from it."""
 
+    def delete_queue(self, queue: str) -> None:
+        """Delete a command queue and its dead-letter queue (messages in them are dropped);
+        deleting a missing queue is not an error."""
+
     def send(self, queue: str, message: Message, *, message_id: str | None = None) -> str:
         """A one-way command to `queue`, confirmed by the broker; returns the message id."""
 

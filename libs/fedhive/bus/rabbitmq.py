@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import pika
+import pika.exceptions
 from google.protobuf.message import Message
 
 from fedhive.bus.batch import BatchConsumer, BatchHandler
@@ -17,7 +18,7 @@ from fedhive.bus.publisher import REPUBLISH, Publisher
 from fedhive.bus.rpc import RpcClient
 from fedhive.bus.topology import DEFAULT_DELIVERY_LIMIT, QueueSpec, Topology
 from fedhive.config import Settings
-from fedhive.errors import FedhiveError
+from fedhive.errors import FedhiveError, Unavailable
 from fedhive.names import Names
 from fedhive.retry import Backoff
 
@@ -65,6 +66,15 @@ class RabbitBus:
             self.topology.declare_queue(
                 connection.channel(), self.topology.command_queue(queue, binding_keys)
             )
+
+    def delete_queue(self, queue: str) -> None:
+        try:
+            with connect(self._params("declare"), self._republish) as connection:
+                channel = connection.channel()
+                for name in (queue, Names.dead_letter_queue(queue)):
+                    channel.queue_delete(queue=name)
+        except pika.exceptions.AMQPError as err:
+            raise Unavailable(f"could not delete queue {queue}: {err!r}", field=queue) from err
 
     def send(self, queue: str, message: Message, *, message_id: str | None = None) -> str:
         return self._publisher.publish(self.names.cmd_exchange, queue, message,

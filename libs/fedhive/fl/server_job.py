@@ -5,83 +5,67 @@ job-runner starts it, in its own process group, with the FEDHIVE_* environment):
 
 1. renews its liveness record in Redis every `--liveness-interval` seconds (`RunTable.beat`),
    so any runner (not only its parent) can tell it is alive;
-2. serves `Names.job_server_queue(job_id)` on its own broker connection: `SiteGone` from the
-   runner is handed to the workflows (`WorkflowContext.gone_sites`);
+2. serves `Names.job_server_queue(job_id)` on its own broker connection with the task
+   transport (`fedhive.fl.task_server`: the sites' task polls, results and upload grants, and
+   `SiteGone` from the runner), about two handler threads per site; a monitor thread runs the
+   task manager's checks every 0.2 s;
 3. loads `APP/config/config_fed_server.json`, builds its `components` then its `workflows` by
-   import path with their args (`APP/custom` is on sys.path), and runs the workflows in order
-   (see `fedhive.fl.workflow`);
-4. reports its outcome in Redis (`RunTable.report`): `completed`, or `exception` with the
+   import path with their args (`APP/custom` is on sys.path), calls every workflow's
+   `prepare(ctx)` (a bad component reference fails the job here), then runs the workflows in
+   order (see `fedhive.fl.workflow`); each round a workflow reports is appended to
+   `WORKSPACE/metrics.json` and published as `job.round.completed`;
+4. ends the run (`tasks.end_run()`): keeps serving until every site was told END_RUN (or is
+   gone), at most `END_RUN_GRACE_S`, so client jobs exit on their own;
+5. reports its outcome in Redis (`RunTable.report`): `completed`, or `exception` with the
    error — a component that cannot be built is an exception naming the component id.
 
-SIGTERM sets the workflows' abort event; the process reports and exits once they return.
+`--resume-from OLD_ID` is handed to the workflows (`ctx.resume_from`): they continue from that
+job's last checkpoint.
+
+SIGTERM sets the workflows' abort event; the process reports and exits once they return (the
+runner stops the client jobs of an aborted job itself).
 Exit code 0 when completed, 1 after an exception, 2 for bad arguments or settings.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from google.protobuf.message import Message
+import pika
 
-from fedhive.bus import Delivery, RabbitBus
+from fedhive.blobs import S3BlobStore, TensorCodec
+from fedhive.bus import Bus, RabbitBus
+from fedhive.bus.connection import user_name
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError
-from fedhive.fl.workflow import WorkflowContext
+from fedhive.fl.components import build_component
+from fedhive.fl.task_manager import TaskManager
+from fedhive.fl.task_server import TaskServer
+from fedhive.fl.workflow import RoundReport, WorkflowContext
 from fedhive.logging import configure
 from fedhive.names import Names
-from fedhive.proto.v1 import runner_pb2
+from fedhive.proto.v1 import task_pb2
 from fedhive.state.runs import Outcome, RunTable
+from fedhive.structs import dict_to_struct
 
 SERVER_CONFIG = "config/config_fed_server.json"
-
-
-class ComponentError(Exception):
-    """A component that cannot be built; the message names its id."""
-
-
-def build_component(spec: Any, where: str, components: dict[str, Any]) -> Any:
-    """The object a `{id, path, args}` entry describes; nested `{path, args}` values in args
-    are built first. ComponentError naming the component on a bad path or argument."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("path"), str):
-        raise ComponentError(f"{where}: must be an object with a 'path'")
-    label = f"component {spec['id']!r}" if spec.get("id") else where
-    module_name, _, class_name = spec["path"].rpartition(".")
-    try:
-        target = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise ComponentError(f"{label}: cannot import {spec['path']!r}: {err}") from None
-    args = spec.get("args", {})
-    if not isinstance(args, dict):
-        raise ComponentError(f"{label}: args must be an object")
-    built = {
-        name: build_component(value, f"{label} arg {name!r}", components)
-        if isinstance(value, dict) and "path" in value else value
-        for name, value in args.items()
-    }
-    try:
-        instance = target(**built)
-    except TypeError as err:
-        raise ComponentError(f"{label}: bad arguments for {spec['path']}: {err}") from None
-    except Exception as err:
-        raise ComponentError(
-            f"{label}: {spec['path']} raised {type(err).__name__}: {err}") from err
-    if spec.get("id"):
-        components[spec["id"]] = instance
-    return instance
+METRICS_FILE = "metrics.json"
+CHECK_INTERVAL_S = 0.2  # FLARE's task_check_period
+END_RUN_GRACE_S = 3.0
 
 
 def run_app(app_dir: Path, ctx: WorkflowContext) -> None:
-    """Build the app's components and workflows, run the workflows in order; raises what a
-    component or workflow raised."""
+    """Build the app's components and workflows, prepare every workflow, run them in order;
+    raises what a component or workflow raised."""
     custom = app_dir / "custom"
     if custom.is_dir():
         sys.path.insert(0, str(custom))
@@ -93,10 +77,57 @@ def run_app(app_dir: Path, ctx: WorkflowContext) -> None:
         for index, spec in enumerate(config.get("workflows", []))
     ]
     for workflow in workflows:
+        prepare = getattr(workflow, "prepare", None)
+        if callable(prepare):
+            prepare(ctx)
+    for workflow in workflows:
         if ctx.abort.is_set():
             return
         ctx.log.info("server_job.workflow", workflow=type(workflow).__name__)
         workflow.run(ctx)
+
+
+class RoundReports:
+    """`ctx.report_round`: each report appended to `WORKSPACE/metrics.json` (`{"rounds":
+    [{workflow, round, num_rounds, metrics, time}]}`, part of the job's result) and published
+    as the event `job.round.completed` (a lost event is only logged)."""
+
+    def __init__(self, job_id: str, workspace: Path, bus: Bus | None, log: Any) -> None:
+        self._job_id = job_id
+        self._path = workspace / METRICS_FILE
+        self._bus = bus
+        self._log = log
+        self._rounds: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, report: RoundReport) -> None:
+        now = time.time()
+        metrics = json.loads(json.dumps(report.metrics, default=_plain))
+        entry = {"workflow": report.workflow, "round": report.round,
+                 "num_rounds": report.num_rounds, "metrics": metrics, "time": now}
+        with self._lock:
+            self._rounds.append(entry)
+            partial = self._path.with_suffix(".json.partial")
+            partial.write_text(json.dumps({"rounds": self._rounds}, indent=1))
+            partial.replace(self._path)
+        self._log.info("server_job.round_completed", workflow=report.workflow,
+                       round=report.round, num_rounds=report.num_rounds)
+        if self._bus is None:
+            return
+        event = task_pb2.RoundCompleted(job_id=self._job_id, workflow=report.workflow,
+                                        round=report.round, num_rounds=report.num_rounds,
+                                        metrics=dict_to_struct(metrics), time_ms=int(now * 1000))
+        try:
+            self._bus.publish_event(Names.JOB_ROUND_COMPLETED, event)
+        except FedhiveError as err:
+            self._log.warning("server_job.round_event_failed", error=str(err))
+
+
+def _plain(value: Any) -> Any:
+    """JSON for numpy scalars and arrays in metrics; anything else as its text."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
 
 
 def _liveness(table: RunTable, ctx: WorkflowContext, interval: float, stop: threading.Event,
@@ -109,6 +140,26 @@ def _liveness(table: RunTable, ctx: WorkflowContext, interval: float, stop: thre
         stop.wait(interval)
 
 
+def _monitor(tasks: TaskManager, log: Any, stop: threading.Event) -> None:
+    """Task exit rules that only time can trigger (timeouts, waits after the minimum)."""
+    while not stop.wait(CHECK_INTERVAL_S):
+        try:
+            tasks.check()
+        except Exception as err:  # the next check tries again; never kill the monitor
+            log.error("server_job.check_failed", error=repr(err), exc_info=True)
+
+
+def _end_run(ctx: WorkflowContext, server: TaskServer) -> None:
+    """No more tasks; wait (briefly) until every site was told so."""
+    assert ctx.tasks is not None
+    ctx.tasks.end_run()
+    deadline = time.monotonic() + END_RUN_GRACE_S
+    while not server.all_ended() and not ctx.abort.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not server.all_ended():
+        ctx.log.info("server_job.end_run_unheard", aborted=ctx.abort.is_set())
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="fedhive-server-job",
                                      description="Run one job's server app (started by the "
@@ -118,6 +169,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--workspace", required=True, type=Path)
     parser.add_argument("--site", action="append", default=[], dest="sites")
     parser.add_argument("--liveness-interval", type=float, default=1.0)
+    parser.add_argument("--resume-from", default="",
+                        help="a job id: continue from that job's last checkpoint")
     return parser.parse_args(argv)
 
 
@@ -130,37 +183,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     log = configure("server-job", level=settings.log_level).bind(job_id=args.job_id)
     args.workspace.mkdir(parents=True, exist_ok=True)
-    ctx = WorkflowContext(job_id=args.job_id, sites=list(args.sites),
-                          workspace=args.workspace, log=log)
+    names = Names(settings.namespace)
+    store = S3BlobStore.from_settings(settings)
+    codec = TensorCodec(store, settings)
+    sites = list(args.sites)
+    ctx = WorkflowContext(job_id=args.job_id, sites=sites, workspace=args.workspace, log=log,
+                          tasks=TaskManager(sites, log=log), store=store, codec=codec,
+                          names=names,
+                          resume_from=args.resume_from)
     signal.signal(signal.SIGTERM, lambda *_: ctx.abort.set())
     table = RunTable.from_settings(settings)
     stop = threading.Event()
-    beats = threading.Thread(target=_liveness, args=(table, ctx, args.liveness_interval, stop),
-                             name="liveness", daemon=True)
-    beats.start()
+    threads = [
+        threading.Thread(target=_liveness, args=(table, ctx, args.liveness_interval, stop),
+                         name="liveness", daemon=True),
+        threading.Thread(target=_monitor, args=(ctx.tasks, log, stop), name="task-monitor",
+                         daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
     bus = RabbitBus(settings, name=f"server-job.{args.job_id}")
-
-    def on_site_gone(message: Message, delivery: Delivery) -> None:
-        assert isinstance(message, runner_pb2.SiteGone)
-        if message.job_id == args.job_id:
-            log.warning("server_job.site_gone", site=message.site, reason=message.reason)
-            ctx.site_gone(message.site, message.reason)
-
+    ctx.report_round = RoundReports(args.job_id, args.workspace, bus, log)
+    server = TaskServer(ctx, service_user=user_name(pika.URLParameters(settings.amqp_url)))
+    serving = False
     try:
-        bus.serve(Names(settings.namespace).job_server_queue(args.job_id), on_site_gone,
-                  [runner_pb2.SiteGone])
+        handlers = 2 * len(sites) + 4  # a long poll and a result per site, and spares
+        bus.serve(names.job_server_queue(args.job_id), server.handle, TaskServer.ACCEPTS,
+                  prefetch=handlers, concurrency=handlers)
+        serving = True
         log.info("server_job.started", pid=os.getpid(), sites=ctx.sites)
         run_app(args.app_dir, ctx)
         outcome = Outcome("completed")
     except Exception as err:
         log.error("server_job.exception", error=f"{type(err).__name__}: {err}")
         outcome = Outcome("exception", f"{type(err).__name__}: {err}")
+    if serving:
+        _end_run(ctx, server)
     stop.set()
-    beats.join()
+    for thread in threads:
+        thread.join()
     table.report(args.job_id, outcome)
     log.info("server_job.ended", result=outcome.result, aborted=ctx.abort.is_set())
     bus.close()
     table.close()
+    codec.close()
+    store.close()
     return 0 if outcome.completed else 1
 
 

@@ -1,0 +1,357 @@
+"""The task transport between a server job and its client jobs, on the real broker and S3.
+
+The server side is the real `TaskServer` + `TaskManager` serving a job queue as the services'
+broker user; each site is a real `Worker` loop on a thread of its own, connected as the site's
+OWN broker user (deploy/broker_users.py) and holding no S3 credentials: it reads task data
+through presigned URLs and uploads large results through the server's grants.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pika
+import pytest
+import structlog
+
+from fedhive.blobs import BlobStore, TensorCodec, TensorKind, TensorRef, ref_to_proto
+from fedhive.bus import RabbitBus
+from fedhive.config import Settings
+from fedhive.errors import InvalidArgument, PermissionDenied
+from fedhive.fl.dxo import DataKind, Dxo, MetaKey
+from fedhive.fl.executor import ExecTask, Executors
+from fedhive.fl.task_manager import TaskManager
+from fedhive.fl.task_server import TaskServer, content_key
+from fedhive.fl.tasks import CompletionStatus, ReturnCode, Task
+from fedhive.fl.worker import Worker, WorkerConfig
+from fedhive.fl.workflow import WorkflowContext
+from fedhive.names import Names
+from fedhive.proto.v1 import runner_pb2, site_pb2, task_pb2
+from tests.fixtures.bus import Broker
+from tests.fixtures.infra import RUN_ID, wait_for
+from tests.fixtures.site_agent import agent_env, write_site
+from tests.fixtures.sites import CTL, collect, load_broker_users, with_user
+
+KiB = 1024
+THRESHOLD = 64 * KiB  # arrays above it go through S3 both ways
+SEEN: dict[tuple[str, str], dict[str, Any]] = {}  # (job, site) -> the arrays a site loaded
+_A = task_pb2.TaskAssignment
+
+
+class Doubler:
+    def execute(self, task: ExecTask) -> Dxo:
+        loaded = task.load()
+        SEEN[(task.job_id, task.site)] = loaded.data
+        return Dxo(DataKind.WEIGHTS, {name: value * 2 for name, value in loaded.data.items()},
+                   {MetaKey.NUM_STEPS_CURRENT_ROUND: 3, "site": task.site})
+
+
+class Boom:
+    def execute(self, task: ExecTask) -> Dxo:
+        raise RuntimeError("kaboom\nsecond line")
+
+
+def executors(**by_task: str) -> Executors:
+    return Executors.from_config({"executors": [
+        {"tasks": [name], "executor": {"path": f"{__name__}.{cls}"}}
+        for name, cls in by_task.items()]})
+
+
+@pytest.fixture(scope="module")
+def namespace() -> str:
+    """One namespace and one set of broker users for the module: creating users takes seconds."""
+    return f"t{RUN_ID}-flt"
+
+
+@pytest.fixture(scope="module")
+def site_settings(amqp_url: str, namespace: str) -> Iterator[dict[str, Settings]]:
+    """Sites a and b of the jobs, and c (a site, but of no job here): broker identity only."""
+    broker_users = load_broker_users()
+    users = broker_users.plan(namespace, [f"{namespace}-{s}" for s in "abc"], None)
+    broker_users.create_users(users, pika.URLParameters(amqp_url).virtual_host, CTL)
+    yield {u.name.rsplit("-", 1)[1]: Settings(
+        amqp_url=with_user(amqp_url, u.name, u.password), namespace=namespace)
+        for u in users}
+    broker_users.delete_users([u.name for u in users], CTL)
+    Broker(amqp_url, namespace).delete_all()
+
+
+@dataclass
+class Job:
+    ctx: WorkflowContext
+    server: TaskServer
+    queue: str
+    store: BlobStore
+    site_settings: dict[str, Settings]
+    tmp: Path
+    buses: list[RabbitBus] = field(default_factory=list)
+    workers: dict[str, tuple[Worker, threading.Thread]] = field(default_factory=dict)
+
+    @property
+    def tasks(self) -> TaskManager:
+        assert self.ctx.tasks is not None
+        return self.ctx.tasks
+
+    def site(self, letter: str) -> str:
+        return f"{self.ctx.sites[0].rsplit('-', 1)[0]}-{letter}"
+
+    def bus(self, letter: str, *, sign: bool = True) -> RabbitBus:
+        bus = RabbitBus(self.site_settings[letter], name=f"site-{letter}", sign=sign)
+        self.buses.append(bus)
+        return bus
+
+    def start_worker(self, letter: str, table: Executors) -> Worker:
+        config = WorkerConfig(job_id=self.ctx.job_id, site=self.site(letter),
+                              server_queue=self.queue, workspace=self.tmp,
+                              inline_threshold=THRESHOLD, wait_ms=2000)
+        worker = Worker(self.bus(letter), table, config, abort=threading.Event(),
+                        log=structlog.get_logger().bind(site=config.site))
+        thread = threading.Thread(target=worker.run, name=f"worker-{letter}", daemon=True)
+        thread.start()
+        self.workers[letter] = (worker, thread)
+        return worker
+
+    def finish(self, task: Task, timeout: float = 30) -> None:
+        gave_up = threading.Event()
+        timer = threading.Timer(timeout, gave_up.set)
+        timer.start()
+        try:
+            self.tasks.wait(task, gave_up)
+        finally:
+            timer.cancel()
+        assert not gave_up.is_set(), f"task {task.name} did not complete within {timeout}s"
+
+    def call(self, letter: str, request: Any, reply_type: Any) -> Any:
+        return self.bus(letter).call(self.queue, request, reply_type, timeout=20)
+
+
+@pytest.fixture
+def job(settings: Settings, site_settings: dict[str, Settings], blob_store: BlobStore,
+        make_bus: Callable[..., RabbitBus], namespace: str, tmp_path: Path) -> Iterator[Job]:
+    job_id = f"{namespace}-{uuid.uuid4().hex[:8]}"
+    sites = [f"{namespace}-a", f"{namespace}-b"]
+    log = structlog.get_logger().bind(job_id=job_id)
+    codec = TensorCodec(blob_store, settings, inline_threshold=THRESHOLD)
+    ctx = WorkflowContext(job_id=job_id, sites=sites, workspace=tmp_path, log=log,
+                          tasks=TaskManager(sites, log=log), store=blob_store, codec=codec,
+                          names=Names(namespace))
+    server = TaskServer(ctx, service_user=pika.URLParameters(settings.amqp_url).credentials
+                        .username)
+    queue = Names(namespace).job_server_queue(job_id)
+    make_bus(name="server-job").serve(queue, server.handle, TaskServer.ACCEPTS, prefetch=8,
+                                      concurrency=8)
+    harness = Job(ctx, server, queue, blob_store, site_settings, tmp_path)
+    yield harness
+    for worker, thread in harness.workers.values():
+        worker.abort.set()
+        thread.join(timeout=15)
+    for bus in harness.buses:
+        bus.close()
+    codec.close()
+
+
+def test_broadcast_round_trip_inline_and_through_s3(job: Job) -> None:
+    rng = np.random.default_rng(7)
+    model = {"small": np.arange(16, dtype=np.float32),  # inline both ways
+             "big": rng.standard_normal(100_000).astype(np.float32),  # 400 KB: S3 both ways
+             "ints": np.arange(-5, 5, dtype=np.int64).reshape(2, 5)}
+    for letter in "ab":
+        job.start_worker(letter, executors(train="Doubler"))
+    task = Task("train", Dxo(DataKind.WEIGHTS, model, {MetaKey.CURRENT_ROUND: 0}))
+    job.tasks.broadcast(task, min_responses=2)
+    job.finish(task)
+
+    assert task.completion_status is CompletionStatus.OK
+    prefix = job.ctx.tensor_prefix
+    for client_task in task.client_tasks:
+        # what the site loaded through presigned URLs is bit-exact what the server sent
+        loaded = SEEN[(job.ctx.job_id, client_task.site)]
+        assert {n: v.tobytes() for n, v in loaded.items()} == \
+            {n: v.tobytes() for n, v in model.items()}
+        result = client_task.result
+        assert result is not None and result.ok and result.dxo is not None
+        assert result.dxo.is_lazy  # the server job holds refs until a workflow reads them
+        big = result.dxo.data["big"]
+        assert isinstance(big, TensorRef)
+        # uploaded by the site through a grant, to the content key of its checksum
+        assert big.key == content_key(prefix, big.checksum) and big.url == ""
+        assert job.store.exists(big.key)
+        assert result.dxo.data["small"].is_inline and result.dxo.data["ints"].is_inline
+        arrays = result.dxo.materialized(job.store).data
+        assert {n: v.tobytes() for n, v in arrays.items()} == \
+            {n: (v * 2).tobytes() for n, v in model.items()}
+        assert arrays["ints"].dtype == np.int64 and arrays["ints"].shape == (2, 5)
+        assert result.dxo.meta == {MetaKey.NUM_STEPS_CURRENT_ROUND: 3,
+                                   "site": client_task.site}
+
+    # A result forwarded as the next task's data (the cyclic relay): its refs carry no URL
+    # from the site; the server presigns them, and the next site reads them without fetching
+    # anything through the server.
+    forwarded = task.client_tasks[0].result
+    assert forwarded is not None and forwarded.dxo is not None
+    relay = Task("train", forwarded.dxo)
+    job.tasks.send(relay, [job.site("b")])
+    job.finish(relay)
+    result = relay.client_tasks[0].result
+    assert result is not None and result.ok and result.dxo is not None
+    assert SEEN[(job.ctx.job_id, job.site("b"))]["big"].tobytes() == (model["big"] * 2).tobytes()
+    assert result.dxo.materialized(job.store).data["big"].tobytes() == \
+        (model["big"] * 4).tobytes()
+
+    # Content-addressed: the server has that object now, so a second grant uploads nothing.
+    grant = job.call("a", task_pb2.GrantUploadRequest(
+        job_id=job.ctx.job_id, site=job.site("a"), checksums=[big.checksum]),
+        task_pb2.UploadGrant)
+    assert [(t.key, t.present, t.url) for t in grant.targets] == [(big.key, True, "")]
+    with pytest.raises(InvalidArgument, match="is not 'sha256:<64 hex digits>'"):
+        job.call("a", task_pb2.GrantUploadRequest(job_id=job.ctx.job_id, site=job.site("a"),
+                                                  checksums=["md5:abc"]), task_pb2.UploadGrant)
+
+
+def test_executor_errors_and_unknown_tasks_become_results(job: Job) -> None:
+    job.start_worker("a", executors(boom="Boom"))
+    boom = Task("boom", Dxo(DataKind.WEIGHTS, {"w": np.ones(3, np.float32)}))
+    job.tasks.send(boom, [job.site("a")])
+    job.finish(boom)
+    result = boom.client_tasks[0].result
+    assert result is not None
+    assert (result.return_code, result.error, result.dxo) == (
+        ReturnCode.EXECUTION_EXCEPTION, "RuntimeError: kaboom second line", None)
+
+    mystery = Task("mystery", Dxo(DataKind.WEIGHTS, {}))
+    job.tasks.send(mystery, [job.site("a")])
+    job.finish(mystery)
+    result = mystery.client_tasks[0].result
+    assert result is not None and result.return_code == ReturnCode.TASK_UNKNOWN
+    assert "no executor for task 'mystery'" in result.error
+
+
+def test_end_run_ends_every_worker(job: Job) -> None:
+    for letter in "ab":
+        job.start_worker(letter, executors(train="Doubler"))
+    job.tasks.end_run()
+    for letter, (worker, thread) in job.workers.items():
+        thread.join(timeout=15)
+        assert not thread.is_alive(), f"worker {letter} still runs after END_RUN"
+        assert worker.current_task == "ended"
+    assert job.server.all_ended()
+
+
+def test_results_the_server_cannot_take_are_refused_with_a_reason(job: Job) -> None:
+    a = job.site("a")
+    task = Task("train", Dxo(DataKind.WEIGHTS, {"w": np.ones(4, np.float32)}))
+    job.tasks.send(task, [a])
+    # site a polls by hand: the task, with its data inline (small)
+    assignment = job.call("a", task_pb2.GetTaskRequest(job_id=job.ctx.job_id, site=a,
+                                                       wait_ms=5000), _A)
+    assert (assignment.kind, assignment.task_name) == (_A.KIND_TASK, "train")
+    assert assignment.data.tensors[0].inline_data == np.ones(4, np.float32).tobytes()
+
+    # a ref to an object the server never granted: rejected, and the workflow sees an error
+    stray = TensorRef(name="w", dtype="float32", shape=(4,), kind=TensorKind.NUMPY,
+                      key=f"{job.ctx.tensor_prefix}elsewhere/w.bin", length=16,
+                      checksum="sha256:" + "0" * 64)
+    forged = task_pb2.TaskResult(job_id=job.ctx.job_id, site=a, task_id=assignment.task_id,
+                                 task_name="train", return_code=ReturnCode.OK,
+                                 data=task_pb2.Dxo(data_kind=task_pb2.DATA_KIND_WEIGHTS,
+                                                   tensors=[ref_to_proto(stray)]))
+    reply = job.call("a", forged, task_pb2.TaskResultReply)
+    assert not reply.accepted
+    assert reply.reason.startswith("result data rejected: tensor 'w': key")
+    job.finish(task)
+    result = task.client_tasks[0].result
+    assert result is not None and result.return_code == ReturnCode.EXECUTION_RESULT_ERROR
+
+    # a result for a task that is over: refused, with the task manager's reason
+    late = task_pb2.TaskResult(job_id=job.ctx.job_id, site=a, task_id=assignment.task_id,
+                               task_name="train", return_code=ReturnCode.OK)
+    reply = job.call("a", late, task_pb2.TaskResultReply)
+    assert not reply.accepted and reply.reason
+
+
+def test_a_site_speaks_only_for_itself(job: Job, make_bus: Callable[..., RabbitBus]) -> None:
+    a, b = job.site("a"), job.site("b")
+    poll_b = task_pb2.GetTaskRequest(job_id=job.ctx.job_id, site=b, wait_ms=0)
+    with pytest.raises(PermissionDenied, match=f"sent by broker user '{a}'"):
+        job.call("a", poll_b, _A)  # site a claiming to be b (RabbitMQ verified the user_id)
+    unsigned = job.bus("b", sign=False)
+    with pytest.raises(PermissionDenied, match="sent by broker user '\\(none\\)'"):
+        unsigned.call(job.queue, poll_b, _A, timeout=20)
+    c = job.site("c")
+    with pytest.raises(PermissionDenied, match=f"site '{c}' is not a site of job"):
+        job.call("c", task_pb2.GetTaskRequest(job_id=job.ctx.job_id, site=c), _A)
+    assert job.call("b", poll_b, _A).kind == _A.KIND_TRY_AGAIN  # b itself may ask
+
+    # SiteGone only counts from the services' user (the runner), never from a site
+    job.bus("a").send(job.queue, runner_pb2.SiteGone(job_id=job.ctx.job_id, site=b,
+                                                     reason="forged by a"))
+    make_bus(name="runner", sign=True).send(job.queue, runner_pb2.SiteGone(
+        job_id=job.ctx.job_id, site=b, reason="site went offline"))
+    wait_for(lambda: job.ctx.gone_sites(), timeout=10, what="the runner's SiteGone")
+    assert job.ctx.gone_sites() == {b: "site went offline"}
+    assert job.tasks.active_sites() == [a]
+
+
+def client_job(job: Job, tmp_path: Path, letter: str, client_config: dict[str, Any],
+               ) -> tuple[Path, list[str], dict[str, str], Path]:
+    """What the site agent would run: (site dir, argv, environment without any S3 or Redis
+    credentials, the app folder to run in)."""
+    site_dir = write_site(tmp_path / "site", site=job.site(letter),
+                          namespace=job.ctx.sites[0].rsplit("-", 1)[0],
+                          broker_url=job.site_settings[letter].amqp_url)
+    app = tmp_path / "app"
+    (app / "config").mkdir(parents=True)
+    (app / "config" / "config_fed_client.json").write_text(json.dumps(client_config))
+    argv = [sys.executable, "-m", "fedhive_services.site_agent.client_job", "--site-dir",
+            str(site_dir), "--job-id", job.ctx.job_id, "--server-queue", job.queue]
+    env = {k: v for k, v in agent_env().items() if not k.startswith(("AWS_", "FEDHIVE_"))}
+    return site_dir, argv, env, app
+
+
+def test_a_client_job_with_a_bad_executor_config_leaves_the_job(job: Job, tmp_path: Path,
+                                                                 ) -> None:
+    a = job.site("a")
+    site_dir, argv, env, app = client_job(job, tmp_path, "a", {"executors": [
+        {"tasks": ["train"], "executor": {"id": "trainer", "path": "nowhere.Trainer"}}]})
+    done = subprocess.run(argv, cwd=app, env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 1, done.stderr
+    assert "component 'trainer': cannot import 'nowhere.Trainer'" in done.stderr
+    gone = wait_for(lambda: job.ctx.gone_sites(), timeout=10, what="the WorkerExit")
+    assert gone[a].startswith("client job could not start: ") and "nowhere.Trainer" in gone[a]
+    assert job.tasks.active_sites() == [job.site("b")]
+    report = site_dir / "workspace" / ".agent" / "jobs" / f"{job.ctx.job_id}.cj.json"
+    assert json.loads(report.read_text())["broker_user"] == a  # it reported itself first
+
+
+def test_a_client_job_beats_while_it_waits_and_stops_on_sigterm(
+    job: Job, tmp_path: Path, make_bus: Callable[..., RabbitBus]
+) -> None:
+    beats: list[tuple[str, Any]] = []
+    make_bus(name="watch").subscribe("fl-transport-watch", ["site.*.job"], collect(beats),
+                                     [site_pb2.JobHeartbeat])
+    _, argv, env, app = client_job(job, tmp_path, "a", {"executors": []})
+    with (tmp_path / "cj.log").open("wb") as log:
+        proc = subprocess.Popen(argv, cwd=app, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        # the first beat says it started, later ones (every 0.5 s) that it waits for work
+        wait_for(lambda: [b for _, b in beats if b.current_task == "waiting"], timeout=20,
+                 what="a heartbeat of the waiting client job")
+        assert beats[0][1].current_task == "started"
+        assert {key for key, _ in beats} == {f"site.{job.site('a')}.job"}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

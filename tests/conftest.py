@@ -13,4 +13,5 @@ pytest_plugins = [
     "tests.fixtures.scheduler",
     "tests.fixtures.job_runner",
     "tests.fixtures.e2e",
+    "tests.fixtures.fl",
 ]

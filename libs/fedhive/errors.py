@@ -112,6 +112,12 @@ class ChecksumMismatch(FedhiveError):
     code = "CHECKSUM_MISMATCH"
 
 
+class WorkflowFailed(FedhiveError):
+    """A job's workflow cannot go on (a site's error it may not ignore, too few sites left)."""
+
+    code = "WORKFLOW_FAILED"
+
+
 _BY_CODE: dict[str, type[FedhiveError]] = {}
 
 

@@ -1,0 +1,112 @@
+"""Checkpoints: a job's global model after its last completed round, kept in S3 for resume.
+
+    save_checkpoint(ctx, Checkpoint("ScatterAndGather", round_=3, num_rounds=10, model=dxo))
+    checkpoint = load_checkpoint(ctx, old_job_id)   # None when that job wrote none
+
+One object per job, `Names.job_checkpoint_key(job_id)`: a `TensorBundle` whose meta holds the
+workflow, the round and the model's kind and meta, and whose refs are the model's arrays:
+packed under `{job_prefix}checkpoint/` (small ones inline), or, for a model that is still refs
+(the cyclic workflow forwards sites' results unread), those refs as they are. Once the new
+bundle is written, the objects of the one it replaced are deleted; a crash in between leaves
+the previous checkpoint whole or the new one, never a bundle pointing at deleted objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from fedhive.blobs import TensorRef, bundle_from_proto, bundle_to_proto
+from fedhive.errors import BlobNotFound, FailedPrecondition, FedhiveError
+from fedhive.fl.dxo import DataKind, Dxo
+from fedhive.names import Names
+from fedhive.proto.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from fedhive.blobs import BlobStore
+    from fedhive.fl.workflow import WorkflowContext
+
+CHECKPOINT_DIR = "checkpoint/"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    workflow: str  # the workflow class that wrote it
+    round_: int  # the last completed round (0-based)
+    num_rounds: int  # the workflow's total rounds
+    model: Dxo  # lazy (refs) when loaded
+
+
+def job_names(ctx: WorkflowContext) -> Names:
+    if ctx.names is None:
+        raise FailedPrecondition("the workflow context has no names", field="names")
+    return ctx.names
+
+
+def _store(ctx: WorkflowContext) -> BlobStore:
+    if ctx.store is None:
+        raise FailedPrecondition("the workflow context has no blob store", field="store")
+    return ctx.store
+
+
+def save_checkpoint(ctx: WorkflowContext, checkpoint: Checkpoint) -> None:
+    store, names = _store(ctx), job_names(ctx)
+    if ctx.codec is None:
+        raise FailedPrecondition("the workflow context has no tensor codec", field="codec")
+    directory = f"{names.job_prefix(ctx.job_id)}{CHECKPOINT_DIR}"
+    model = checkpoint.model
+    arrays = {name: value for name, value in model.data.items()
+              if not isinstance(value, TensorRef)}
+    packed = {ref.name: ref for ref in ctx.codec.pack(arrays, directory)} if arrays else {}
+    # URLs expire and are for sites; a checkpoint is read with credentials.
+    refs = [replace(value if isinstance(value, TensorRef) else packed[name], url="",
+                    url_expires_at_ms=0) for name, value in model.data.items()]
+    meta = {"workflow": checkpoint.workflow, "round": checkpoint.round_,
+            "num_rounds": checkpoint.num_rounds, "data_kind": model.data_kind.value,
+            "model_meta": model.meta}
+    key = names.job_checkpoint_key(ctx.job_id)
+    previous = _keys_of(store, key, directory)
+    store.put(key, bundle_to_proto(refs, meta).SerializeToString())
+    keep = {ref.key for ref in refs}
+    for stale in sorted(previous - keep):
+        try:
+            store.delete(stale)
+        except FedhiveError as err:  # a leftover object costs space, not correctness
+            ctx.log.warning("checkpoint.delete_failed", key=stale, error=str(err))
+    ctx.log.info("checkpoint.saved", workflow=checkpoint.workflow, round=checkpoint.round_,
+                 tensors=len(refs), objects=len(keep - {""}))
+
+
+def _keys_of(store: BlobStore, key: str, directory: str) -> set[str]:
+    """The checkpoint objects the bundle at `key` points at (not results it refers to)."""
+    try:
+        message = common_pb2.TensorBundle.FromString(store.get(key))
+    except BlobNotFound:
+        return set()
+    return {ref.key for ref in message.tensors if ref.key.startswith(directory)}
+
+
+def load_checkpoint(ctx: WorkflowContext, job_id: str) -> Checkpoint | None:
+    """Job `job_id`'s checkpoint (same deployment as `ctx`), or None when it wrote none."""
+    store = _store(ctx)
+    key = job_names(ctx).job_checkpoint_key(job_id)
+    try:
+        raw = store.get(key)
+    except BlobNotFound:
+        return None
+    refs, meta = bundle_from_proto(common_pb2.TensorBundle.FromString(raw))
+    try:
+        model = Dxo(DataKind(meta["data_kind"]), {ref.name: ref for ref in refs},
+                    dict(meta.get("model_meta") or {}))
+        return Checkpoint(str(meta["workflow"]), _whole(meta["round"]),
+                          _whole(meta["num_rounds"]), model)
+    except (KeyError, ValueError, TypeError) as err:
+        raise FailedPrecondition(f"checkpoint {key} is malformed: {err!r}",
+                                 field="checkpoint") from None
+
+
+def _whole(value: Any) -> int:
+    """Struct numbers come back as floats."""
+    if float(value) != int(value):
+        raise ValueError(f"{value!r} is not a whole number")
+    return int(value)

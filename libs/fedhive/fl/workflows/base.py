@@ -1,0 +1,156 @@
+"""What the built-in workflows share: argument checks, materializing results, per-round
+reports, checkpoints and resume."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from fedhive.errors import FedhiveError, InvalidArgument, WorkflowFailed
+from fedhive.fl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from fedhive.fl.components import ComponentError
+from fedhive.fl.controller import Controller
+from fedhive.fl.dxo import DataKind, Dxo, MetaKey
+from fedhive.fl.persistors import ModelPersistor
+from fedhive.fl.tasks import ClientTask
+from fedhive.fl.workflow import RoundReport, WorkflowContext, component
+
+
+def check_int(value: Any, field: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgument(f"{field} must be an integer >= {minimum}, not {value!r}",
+                              field=field)
+    return value
+
+
+def check_seconds(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
+            value) or value < 0:
+        raise InvalidArgument(f"{field} must be a number of seconds >= 0, not {value!r}",
+                              field=field)
+    return float(value)
+
+
+def check_str(value: Any, field: str, *, empty: bool = False) -> str:
+    if not isinstance(value, str) or (not value and not empty):
+        raise InvalidArgument(f"{field} must be a {'' if empty else 'non-empty '}string, "
+                              f"not {value!r}", field=field)
+    return value
+
+
+def weighted_metrics(results: dict[str, tuple[dict[str, Any], float]]) -> dict[str, float]:
+    """{name: mean over the sites that report it, weighted by their sample counts}."""
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for metrics, weight in results.values():
+        for name, value in metrics.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                sums[name] = sums.get(name, 0.0) + float(value) * weight
+                weights[name] = weights.get(name, 0.0) + weight
+    return {name: total / weights[name] for name, total in sums.items() if weights[name] > 0}
+
+
+def steps_of(dxo: Dxo) -> float:
+    """A result's sample weight: its NUM_STEPS_CURRENT_ROUND, 1 when it has none."""
+    steps = dxo.meta.get(MetaKey.NUM_STEPS_CURRENT_ROUND, 1.0)
+    if isinstance(steps, int | float) and not isinstance(steps, bool) and steps >= 0:
+        return float(steps)
+    return 1.0
+
+
+def site_metrics(dxo: Dxo) -> dict[str, Any]:
+    metrics = dxo.meta.get(MetaKey.METRICS)
+    return dict(metrics) if isinstance(metrics, dict) else {}
+
+
+class BaseWorkflow(Controller):
+    """A Controller with the helpers the built-in workflows use; `self.ctx` is set by
+    `prepare` (and again by `run`)."""
+
+    checkpoints: ClassVar[bool] = False  # writes a checkpoint after rounds, resumes from one
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def prepare(self, ctx: WorkflowContext) -> None:
+        self.ctx = ctx
+        if ctx.store is None or ctx.codec is None or ctx.names is None:
+            raise ComponentError(f"workflow {self.name!r}: the server job gave it no blob "
+                                 "store, codec or names")
+
+    def find(self, field: str, cid: str, kind: type) -> Any:
+        """The component `cid` named by `field`, checked to be a `kind` (ComponentError)."""
+        return component(self.ctx, self.name, field, cid, kind)
+
+    def min_sites(self, field: str, value: int) -> None:
+        if value > len(self.ctx.sites):
+            raise ComponentError(f"workflow {self.name!r}: {field} is {value} but the job has "
+                                 f"{len(self.ctx.sites)} site(s)")
+
+    def materialized(self, dxo: Dxo) -> Dxo:
+        """A result with its arrays read (checksums verified) with the server's credentials."""
+        assert self.ctx.store is not None  # checked by prepare
+        return dxo.materialized(self.ctx.store) if dxo.is_lazy else dxo
+
+    def result_of(self, client_task: ClientTask) -> tuple[Dxo | None, str]:
+        """A site's result, materialized, or (None, why it is an error)."""
+        result = client_task.result
+        if result is None:
+            return None, "no result"
+        if not result.ok:
+            return None, f"{result.return_code}: {result.error}".rstrip(": ")
+        if result.dxo is None:
+            return None, "the result carries no data"
+        try:
+            return self.materialized(result.dxo), ""
+        except FedhiveError as err:
+            return None, f"its data cannot be read: {err}"
+
+    def report(self, round_: int, num_rounds: int,
+               results: dict[str, tuple[dict[str, Any], float]]) -> None:
+        metrics = {"sites": {site: metrics for site, (metrics, _) in results.items()},
+                   "aggregate": weighted_metrics(results)}
+        if self.ctx.report_round is not None:
+            self.ctx.report_round(RoundReport(self.name, round_, num_rounds, metrics))
+
+    def checkpoint(self, round_: int, num_rounds: int, model: Dxo) -> None:
+        save_checkpoint(self.ctx, Checkpoint(self.name, round_, num_rounds, model))
+
+    def resumed(self) -> Checkpoint | None:
+        """The checkpoint of `ctx.resume_from` when it is this workflow's, else None (logged):
+        the job then starts at the round after it, with its model."""
+        old = self.ctx.resume_from
+        if not old or not self.checkpoints:
+            return None
+        checkpoint = load_checkpoint(self.ctx, old)
+        if checkpoint is None:
+            self.ctx.log.warning("workflow.resume_no_checkpoint", workflow=self.name, job=old)
+            return None
+        if checkpoint.workflow != self.name:
+            self.ctx.log.warning("workflow.resume_other_workflow", workflow=self.name, job=old,
+                                 checkpoint_workflow=checkpoint.workflow)
+            return None
+        self.ctx.log.info("workflow.resumed", workflow=self.name, job=old,
+                          last_round=checkpoint.round_)
+        return checkpoint
+
+    def starting_point(self, persistor: ModelPersistor | None,
+                       start_round: int) -> tuple[Dxo, int]:
+        """The global model and first round: the resumed checkpoint's model and the round after
+        it, else the persistor's initial model (empty without one) and `start_round`."""
+        checkpoint = self.resumed()
+        if checkpoint is not None:
+            return self.materialized(checkpoint.model), checkpoint.round_ + 1
+        if persistor is None:
+            return Dxo(DataKind.WEIGHTS, {}), start_round
+        return persistor.load(self.ctx), start_round
+
+    def fail(self, message: str) -> WorkflowFailed:
+        self.ctx.log.error("workflow.failed", workflow=self.name, reason=message)
+        return WorkflowFailed(f"{self.name}: {message}")
+
+
+def every_n(number: int, n: int) -> bool:
+    """Is round `number` (0-based) one of every `n` (0: never)?"""
+    return n > 0 and (number + 1) % n == 0

@@ -1,0 +1,83 @@
+"""Checkpoints in real S3: what is written, what a resumed job reads, what is cleaned up."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from fedhive.blobs import bundle_to_proto
+from fedhive.errors import FailedPrecondition
+from fedhive.fl.checkpoint import CHECKPOINT_DIR, Checkpoint, load_checkpoint, save_checkpoint
+from fedhive.fl.dxo import DataKind, Dxo
+from tests.fixtures.fl import Federation, FederationFactory
+
+
+def model(value: float) -> Dxo:
+    return Dxo(DataKind.WEIGHTS, {"big": np.full(64, value, np.float32),
+                                  "small": np.array([value], np.float32)}, {"note": "x"})
+
+
+def objects(fed: Federation, prefix: str) -> list[str]:
+    assert fed.ctx.store is not None
+    store = fed.ctx.store
+    client = store._client  # type: ignore[attr-defined]
+    listed = client.list_objects_v2(Bucket=store.bucket, Prefix=prefix)
+    return sorted(item["Key"] for item in listed.get("Contents", []))
+
+
+def checkpoint_dir(fed: Federation) -> str:
+    names = fed.ctx.names
+    return f"{names.job_prefix(fed.ctx.job_id)}{CHECKPOINT_DIR}"
+
+
+def test_save_then_load_and_the_previous_objects_are_deleted(
+        federation: FederationFactory) -> None:
+    fed = federation(["a"])
+    save_checkpoint(fed.ctx, Checkpoint("ScatterAndGather", 0, 5, model(1.0)))
+    first = objects(fed, checkpoint_dir(fed))
+    assert len(first) == 1  # "big" in an object; "small" inline in the bundle
+    save_checkpoint(fed.ctx, Checkpoint("ScatterAndGather", 1, 5, model(2.0)))
+    second = objects(fed, checkpoint_dir(fed))
+    assert len(second) == 1 and second != first
+    loaded = load_checkpoint(fed.ctx, fed.ctx.job_id)
+    assert loaded is not None
+    assert (loaded.workflow, loaded.round_, loaded.num_rounds) == ("ScatterAndGather", 1, 5)
+    assert loaded.model.data_kind is DataKind.WEIGHTS and loaded.model.meta == {"note": "x"}
+    assert loaded.model.is_lazy and all(not ref.url for ref in loaded.model.refs())
+    arrays = fed.materialized(loaded.model).data
+    np.testing.assert_array_equal(arrays["big"], np.full(64, 2.0, np.float32))
+    np.testing.assert_array_equal(arrays["small"], [2.0])
+
+
+def test_a_model_of_refs_is_kept_as_refs_and_never_deleted(
+        federation: FederationFactory) -> None:
+    fed = federation(["a"])
+    lazy = fed.wire(model(3.0))  # as a site's result: refs under the job's tensor prefix
+    assert lazy.data["big"].key.startswith(fed.ctx.tensor_prefix)
+    save_checkpoint(fed.ctx, Checkpoint("Cyclic", 0, 2, lazy))
+    assert objects(fed, checkpoint_dir(fed)) == []
+    save_checkpoint(fed.ctx, Checkpoint("Cyclic", 1, 2, model(4.0)))
+    assert fed.ctx.store is not None and fed.ctx.store.exists(lazy.data["big"].key)
+    loaded = load_checkpoint(fed.ctx, fed.ctx.job_id)
+    assert loaded is not None and loaded.round_ == 1
+    np.testing.assert_array_equal(fed.materialized(loaded.model).data["small"], [4.0])
+
+
+def test_no_checkpoint_and_a_malformed_one(federation: FederationFactory) -> None:
+    fed = federation(["a"])
+    assert load_checkpoint(fed.ctx, "never-ran") is None
+    assert fed.ctx.store is not None
+    names = fed.ctx.names
+    fed.ctx.store.put(names.job_checkpoint_key("broken"),
+                      bundle_to_proto([], {"workflow": "X"}).SerializeToString())
+    with pytest.raises(FailedPrecondition, match="is malformed"):
+        load_checkpoint(fed.ctx, "broken")
+
+
+def test_a_context_without_names_is_refused(federation: FederationFactory) -> None:
+    fed = federation(["a"])
+    ctx = dataclasses.replace(fed.ctx, names=None)
+    with pytest.raises(FailedPrecondition, match="no names"):
+        save_checkpoint(ctx, Checkpoint("ScatterAndGather", 0, 1, model(1.0)))

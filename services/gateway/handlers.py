@@ -153,6 +153,16 @@ class Gateway:
                        cloned_from=job.job_id)
         return reply
 
+    def resume_job(self, admin: Admin, job_id: str) -> admin_pb2.SubmitJobReply:
+        job = self._job_for(admin, Action.RESUME, job_id)
+        request = jobstore_pb2.StoreResumeJob(
+            job_id=job.job_id, submitter=submitter_to_proto(admin.as_submitter())
+        )
+        reply = self._call(request, admin_pb2.SubmitJobReply)
+        self._log.info("job.resumed", user=admin.name, job_id=reply.job_id,
+                       resumed_from=job.job_id)
+        return reply
+
     def delete_job(self, admin: Admin, job_id: str) -> admin_pb2.DeleteJobReply:
         job = self._job_for(admin, Action.DELETE, job_id)
         reply = self._call(admin_pb2.DeleteJobRequest(job_id=job.job_id),

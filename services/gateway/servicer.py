@@ -91,6 +91,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return self._unary(context, "CloneJob",
                            lambda admin: self._gateway.clone_job(admin, request.job_id))
 
+    def ResumeJob(self, request: admin_pb2.ResumeJobRequest,
+                  context: grpc.ServicerContext) -> admin_pb2.SubmitJobReply:
+        return self._unary(context, "ResumeJob",
+                           lambda admin: self._gateway.resume_job(admin, request.job_id))
+
     def DeleteJob(self, request: admin_pb2.DeleteJobRequest,
                   context: grpc.ServicerContext) -> admin_pb2.DeleteJobReply:
         return self._unary(context, "DeleteJob",

@@ -86,6 +86,7 @@ class _Dispatch:
         self.ctx = ctx
         self.entry = entry
         self.meta: JobMeta = record.meta
+        self.resumed_from = record.resumed_from  # its server job continues that checkpoint
         self.archive_key = record.archive_key or ctx.names.job_definition_key(record.job_id)
         self.log = ctx.log.bind(job_id=record.job_id)
         if "max_runtime" in self.meta.extra and max_runtime(record) is None:
@@ -166,9 +167,11 @@ class _Dispatch:
             target = app_dir / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(files.read(name))
-        entry = server_job.launch(self.ctx, self.entry, child_environment(), self.active())
+        entry = server_job.launch(self.ctx, self.entry, child_environment(), self.active(),
+                                  resume_from=self.resumed_from)
         self.save(RunEntry(**{**entry.__dict__, "phase": "starting"}))
-        self.log.info("job_runner.server_job_launched", pid=entry.pid)
+        self.log.info("job_runner.server_job_launched", pid=entry.pid,
+                      resume_from=self.resumed_from or None)
 
     def start(self) -> None:
         queue = self.ctx.names.job_server_queue(self.job_id)

@@ -33,13 +33,11 @@ _FORKS.set_forkserver_preload(PRELOAD)
 
 
 def launch(ctx: RunnerContext, entry: RunEntry, env: dict[str, str], sites: list[str],
-           ) -> RunEntry:
+           *, resume_from: str = "") -> RunEntry:
+    """Start the SJ; `resume_from`: the job whose checkpoint it continues (`fedhive resume`)."""
     workspace = os.path.join(entry.workspace, "workspace")
     os.makedirs(workspace, exist_ok=True)
-    argv = ["--job-id", entry.job_id, "--app-dir", os.path.join(entry.workspace, "app"),
-            "--workspace", workspace, "--liveness-interval", str(ctx.config.sj_liveness_s)]
-    for site in sites:
-        argv += ["--site", site]
+    argv = server_job_argv(entry, workspace, sites, ctx.config.sj_liveness_s, resume_from)
     # Popen directly, not Process.start: a started Process is joined when the runner exits,
     # and the SJ must outlive a stopped runner.
     proc = ForkedPopen(_FORKS.Process(
@@ -51,6 +49,18 @@ def launch(ctx: RunnerContext, entry: RunEntry, env: dict[str, str], sites: list
     except psutil.Error:
         started = 0.0  # it already ended: the monitor learns how from `ended`
     return RunEntry(**{**entry.__dict__, "pid": proc.pid, "pid_started": started})
+
+
+def server_job_argv(entry: RunEntry, workspace: str, sites: list[str], liveness_s: float,
+                    resume_from: str = "") -> list[str]:
+    """The command line of `fedhive.fl.server_job` for this run."""
+    argv = ["--job-id", entry.job_id, "--app-dir", os.path.join(entry.workspace, "app"),
+            "--workspace", workspace, "--liveness-interval", str(liveness_s)]
+    for site in sites:
+        argv += ["--site", site]
+    if resume_from:
+        argv += ["--resume-from", resume_from]
+    return argv
 
 
 def _process(entry: RunEntry) -> psutil.Process | None:

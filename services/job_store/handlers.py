@@ -13,6 +13,10 @@ request (`fedhive.v1.*`) -> reply; errors (code: when):
   submission id was used before for different content. NOT_FOUND: no staged archive; the
   submission id's job is gone (deleted, or its first submit is still in progress).
 * `StoreCloneJob` -> `SubmitJobReply`. NOT_FOUND: no such job (or no stored definition).
+* `StoreResumeJob` -> `SubmitJobReply`. NOT_FOUND: as clone. FAILED_PRECONDITION: the job is
+  not FINISHED:ABORTED, FINISHED:EXECUTION_EXCEPTION or FINISHED:ABNORMAL ("job <id> is
+  <status>; only ABORTED, EXECUTION_EXCEPTION or ABNORMAL jobs can be resumed"); it left no
+  checkpoint ("job <id> completed no round: nothing to resume from").
 * `ListJobsRequest` -> `ListJobsReply`. INVALID_ARGUMENT: `limit` negative or above
   `MAX_LIMIT`; JOB_STATUS_UNSPECIFIED among `statuses`.
 * `GetJobRequest` -> `JobRecord`. NOT_FOUND: "job <id> not found".
@@ -36,6 +40,9 @@ Semantics:
   content answers the first job with `existed=true`.
 * Clone: a new job with the source's definition (copied), the caller as submitter and
   `cloned_from` in the meta's extra keys; SUBMITTED with its event.
+* Resume: as clone, but the new record's `resumed_from` names the source (its history starts
+  "resumed from job <id>"); the job-runner starts its server job with `--resume-from <id>`,
+  which continues from the source's checkpoint (`Names.job_checkpoint_key`).
 * List: newest first; filters combine with AND: `statuses` (any of), `name` (case-insensitive
   substring), `submitter` (exact name), `id_prefix` (case-insensitive); `limit` 0 means
   `DEFAULT_LIMIT`.
@@ -59,7 +66,7 @@ from fedhive.proto.v1 import admin_pb2, jobstore_pb2
 from .context import JobStoreContext
 from .manage import abort_job, delete_job, download_job
 from .queries import get_job, list_jobs, list_sites
-from .submit import clone_job, submit_job
+from .submit import clone_job, resume_job, submit_job
 
 log = structlog.get_logger()
 
@@ -68,6 +75,7 @@ SERVICE = "job-store"
 _HANDLERS: dict[type[Message], Callable[[Any, Delivery, JobStoreContext], Message]] = {
     jobstore_pb2.StoreSubmitJob: submit_job,
     jobstore_pb2.StoreCloneJob: clone_job,
+    jobstore_pb2.StoreResumeJob: resume_job,
     admin_pb2.ListJobsRequest: list_jobs,
     admin_pb2.GetJobRequest: get_job,
     admin_pb2.DeleteJobRequest: delete_job,

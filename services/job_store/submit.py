@@ -1,6 +1,6 @@
-"""Submit and clone: the two ways a job comes into being.
+"""Submit, clone and resume: the ways a job comes into being.
 
-Both are idempotent under redelivery: the new job's id is derived from the bus message id
+All are idempotent under redelivery: the new job's id is derived from the bus message id
 (`job_id_for`), and each step is safe to repeat (putting the same bytes at the same key,
 creating a record that may already exist, publishing an event with a fixed message id). A
 crash between any two steps is finished by the redelivery; a refusal stores nothing.
@@ -15,11 +15,18 @@ from dataclasses import replace
 import structlog
 
 from fedhive.bus import Delivery
-from fedhive.errors import AlreadyExists, BlobNotFound, InvalidArgument, NotFound
+from fedhive.errors import (
+    AlreadyExists,
+    BlobNotFound,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+)
 from fedhive.jobs.archive import UnsafeArchive
 from fedhive.jobs.definition import load_job
 from fedhive.jobs.record import JobMeta, JobRecord, Submitter
 from fedhive.jobs.serde import submitter_from_proto
+from fedhive.jobs.status import JobStatus
 from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2
 from fedhive.scheduling.feasibility import never_runnable
 
@@ -77,21 +84,65 @@ def clone_job(
     submitter = _submitter(cmd.submitter)
     source = ctx.state.get_job(cmd.job_id)
     job_id = job_id_for(ctx.names.ns, delivery.message_id)
-    bound = log.bind(service="job-store", job_id=job_id, cloned_from=source.job_id)
     record = find_job(ctx, job_id)
     if record is None:
-        try:
-            archive = ctx.blobs.get(source.archive_key)
-        except BlobNotFound:
-            raise NotFound(
-                f"job {source.job_id} has no stored definition to clone", field="job_id"
-            ) from None
         meta = replace(source.meta, extra={**source.meta.extra, "cloned_from": source.job_id})
-        record = _store(ctx, job_id, meta, submitter, archive)
+        record = _store(ctx, job_id, meta, submitter, _definition(ctx, source, "clone"))
     if len(record.history) == 1:  # still as created: (re)announce it
         publish_status(ctx, record)
-    bound.info("job.cloned")
+    log.info("job.cloned", service="job-store", job_id=job_id, cloned_from=source.job_id)
     return admin_pb2.SubmitJobReply(job_id=job_id)
+
+
+RESUMABLE = (
+    JobStatus.FINISHED_ABORTED,
+    JobStatus.FINISHED_EXECUTION_EXCEPTION,
+    JobStatus.FINISHED_ABNORMAL,
+)
+
+
+def resume_job(
+    cmd: jobstore_pb2.StoreResumeJob, delivery: Delivery, ctx: JobStoreContext
+) -> admin_pb2.SubmitJobReply:
+    """A clone that continues: the new record names the source in `resumed_from`, and its
+    server job starts from the source's checkpoint (`Names.job_checkpoint_key`), which the
+    workflows write after every completed round."""
+    submitter = _submitter(cmd.submitter)
+    source = ctx.state.get_job(cmd.job_id)
+    job_id = job_id_for(ctx.names.ns, delivery.message_id)
+    record = find_job(ctx, job_id)
+    if record is None:
+        if source.status not in RESUMABLE:
+            raise FailedPrecondition(
+                f"job {source.job_id} is {source.status.value}; only ABORTED, "
+                "EXECUTION_EXCEPTION or ABNORMAL jobs can be resumed",
+                field="job_id",
+            )
+        if not ctx.blobs.exists(ctx.names.job_checkpoint_key(source.job_id)):
+            raise FailedPrecondition(
+                f"job {source.job_id} completed no round: nothing to resume from",
+                field="job_id",
+            )
+        # The definition's lineage is `resumed_from`; a `cloned_from` the source carried
+        # would name a job the new one was not cloned from.
+        extra = {k: v for k, v in source.meta.extra.items() if k != "cloned_from"}
+        record = _store(
+            ctx, job_id, replace(source.meta, extra=extra), submitter,
+            _definition(ctx, source, "resume"), resumed_from=source.job_id,
+        )
+    if len(record.history) == 1:
+        publish_status(ctx, record)
+    log.info("job.resumed", service="job-store", job_id=job_id, resumed_from=source.job_id)
+    return admin_pb2.SubmitJobReply(job_id=job_id)
+
+
+def _definition(ctx: JobStoreContext, source: JobRecord, what: str) -> bytes:
+    try:
+        return ctx.blobs.get(source.archive_key)
+    except BlobNotFound:
+        raise NotFound(
+            f"job {source.job_id} has no stored definition to {what}", field="job_id"
+        ) from None
 
 
 def _refuse_never_runnable(ctx: JobStoreContext, meta: JobMeta) -> None:
@@ -168,14 +219,17 @@ def _earlier_job(
 
 
 def _store(
-    ctx: JobStoreContext, job_id: str, meta: JobMeta, submitter: Submitter, archive: bytes
+    ctx: JobStoreContext, job_id: str, meta: JobMeta, submitter: Submitter, archive: bytes,
+    *, resumed_from: str = "",
 ) -> JobRecord:
     """Put the definition, then create the record; a record already there (a concurrent
     redelivery got here first) is taken as it is."""
     key = ctx.names.job_definition_key(job_id)
     ctx.blobs.put(key, archive)
+    reason = f"resumed from job {resumed_from}" if resumed_from else "submitted"
     try:
-        return ctx.state.create_job(job_id, meta, submitter, archive_key=key)
+        return ctx.state.create_job(job_id, meta, submitter, archive_key=key, reason=reason,
+                                    resumed_from=resumed_from)
     except AlreadyExists:
         return ctx.state.get_job(job_id)
 

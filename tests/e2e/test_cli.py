@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from fedhive.blobs import S3BlobStore
 from fedhive.jobs.status import JobStatus
+from fedhive.names import Names
 from tests.fixtures.gateway import GatewayStack
 from tests.fixtures.job_store import job_zip
 
@@ -90,6 +92,37 @@ def test_submit_list_get_clone_download_delete(cli: Cli, tmp_path: Path) -> None
     assert cli.run("delete", job_id).stdout.strip() == f"Job {job_id} deleted."
     gone = cli.run("job", job_id, check=False)
     assert gone.returncode == 1 and gone.stderr.count("\n") == 1 and "not found" in gone.stderr
+
+
+def test_resume_an_aborted_job_from_its_checkpoint(cli: Cli, tmp_path: Path) -> None:
+    job_id = cli.json("submit", str(_job_folder(tmp_path, "e2e-resume")))["id"]
+    early = cli.run("resume", job_id, check=False)
+    assert early.returncode == 1 and early.stderr == (
+        f"error: job {job_id} is SUBMITTED; only ABORTED, EXECUTION_EXCEPTION or ABNORMAL "
+        "jobs can be resumed\n"
+    )
+    cli.run("abort", job_id)
+    nothing = cli.run("resume", job_id, check=False)
+    assert nothing.returncode == 1
+    assert nothing.stderr == f"error: job {job_id} completed no round: nothing to resume from\n"
+
+    blobs = S3BlobStore.from_settings(cli.stack.settings)
+    try:  # what the workflow leaves after a completed round
+        blobs.put(Names(cli.stack.settings.namespace).job_checkpoint_key(job_id), b"round 1")
+    finally:
+        blobs.close()
+    resumed = cli.json("resume", job_id)
+    assert resumed["resumed_from"] == job_id and resumed["id"] != job_id
+    shown = cli.json("job", resumed["id"])
+    assert shown["resumed_from"] == job_id and shown["status"] == "SUBMITTED"
+    assert shown["history"][0]["reason"] == f"resumed from job {job_id}"
+    assert cli.json("job", job_id)["resumed_from"] is None
+    human = cli.run("resume", job_id).stdout
+    assert human.startswith(f"Resumed job {job_id} as: ")
+    lines = cli.run("job", resumed["id"]).stdout.splitlines()
+    assert [line.split() for line in lines if line.split()[:1] == ["resumed_from"]] == [
+        ["resumed_from", job_id]
+    ]
 
 
 def test_watch_until_aborted(cli: Cli) -> None:

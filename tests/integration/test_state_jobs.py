@@ -10,7 +10,7 @@ import pytest
 
 from fedhive.errors import AlreadyExists, FedhiveError, IllegalTransition, NotFound
 from fedhive.errors import StaleFencingToken as StaleToken
-from fedhive.jobs.record import JobRecord
+from fedhive.jobs.record import JobMeta, JobRecord, Submitter
 from fedhive.jobs.status import INITIAL, TRANSITIONS, JobStatus
 from fedhive.state import Fence, JobUpdate, StateStore
 from tests.fixtures.state import submit, submit_in
@@ -28,6 +28,14 @@ def test_create_and_get(state_store: StateStore) -> None:
     assert [(c.from_status, c.to_status) for c in created.history] == [(None, INITIAL)]
     assert created.status_reason == "submitted"
     assert state_store.get_job("job-1") == created
+
+
+def test_create_keeps_the_job_it_resumes(state_store: StateStore) -> None:
+    assert submit(state_store, "job-1").resumed_from == ""
+    resumed = state_store.create_job("job-2", JobMeta("job"), Submitter("bob"),
+                                     reason="resumed from job job-1", resumed_from="job-1")
+    assert resumed.resumed_from == "job-1" and resumed.status_reason == "resumed from job job-1"
+    assert state_store.get_job("job-2") == resumed
 
 
 def test_create_refuses_existing_id(state_store: StateStore) -> None:

@@ -14,16 +14,20 @@ JOB_OWNERS = {
     "org": Submitter("colleague", "a", "lead"),
     "other": Submitter("stranger", "b", "lead"),
 }
-JOB_ACTIONS = (Action.CLONE, Action.ABORT, Action.DELETE, Action.DOWNLOAD)
+JOB_ACTIONS = (Action.CLONE, Action.RESUME, Action.ABORT, Action.DELETE, Action.DOWNLOAD)
 VIEW_ACTIONS = (Action.LIST, Action.GET, Action.WATCH, Action.SITES)
 
 # Written out by hand from FLARE's default policy (not derived from POLICY), as
-# "action: own org other" with Y = allowed.
+# "action: own org other" with Y = allowed; resume (fedhive's) is authorised as clone.
 EXPECTED_JOB = {
-    Role.PROJECT_ADMIN: {"clone": "YYY", "abort": "YYY", "delete": "YYY", "download": "YYY"},
-    Role.ORG_ADMIN: {"clone": "NNN", "abort": "YYN", "delete": "YYN", "download": "YYN"},
-    Role.LEAD: {"clone": "YNN", "abort": "YNN", "delete": "YNN", "download": "YNN"},
-    Role.MEMBER: {"clone": "NNN", "abort": "NNN", "delete": "NNN", "download": "NNN"},
+    Role.PROJECT_ADMIN: {"clone": "YYY", "resume": "YYY",
+                         "abort": "YYY", "delete": "YYY", "download": "YYY"},
+    Role.ORG_ADMIN: {"clone": "NNN", "resume": "NNN",
+                     "abort": "YYN", "delete": "YYN", "download": "YYN"},
+    Role.LEAD: {"clone": "YNN", "resume": "YNN",
+                "abort": "YNN", "delete": "YNN", "download": "YNN"},
+    Role.MEMBER: {"clone": "NNN", "resume": "NNN",
+                  "abort": "NNN", "delete": "NNN", "download": "NNN"},
 }
 EXPECTED_SUBMIT = {Role.PROJECT_ADMIN: True, Role.ORG_ADMIN: False, Role.LEAD: True,
                    Role.MEMBER: False}

@@ -4,6 +4,7 @@ schema, status parsing and admin tokens. (Against a real gateway: tests/e2e/test
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -129,13 +130,14 @@ def test_job_json_schema() -> None:
         "id", "name", "status", "status_reason", "submitter", "org", "role", "submit_time",
         "start_time", "end_time", "duration_s", "schedule_count", "last_schedule_time",
         "next_schedule_time", "sites", "failed_sites", "deploy_map", "resource_spec",
-        "min_clients", "mandatory_clients", "cloned_from", "pending_reason", "site_states",
-        "history",
+        "min_clients", "mandatory_clients", "cloned_from", "resumed_from", "pending_reason",
+        "site_states", "history",
     ]
     assert values["status"] == "RUNNING" and values["status_reason"] == "started"
     assert values["submit_time"] == "2023-11-14T22:13:20.000Z"
     assert values["end_time"] is None and values["duration_s"] == 10.5
-    assert values["cloned_from"] == "j0"
+    assert values["cloned_from"] == "j0" and values["resumed_from"] is None
+    assert job_json(replace(record, resumed_from="j-old"), 0)["resumed_from"] == "j-old"
     assert values["history"][0] == {"from": None, "to": "SUBMITTED", "reason": "submitted",
                                     "at": "2023-11-14T22:13:20.000Z"}
     json.dumps(values)  # JSON-able as is

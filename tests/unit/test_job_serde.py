@@ -70,6 +70,7 @@ records = st.builds(
     result_key=names,
     history=st.lists(changes, max_size=4),
     pending_reason=json_objects,
+    resumed_from=names,
 )
 
 

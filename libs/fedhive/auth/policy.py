@@ -10,8 +10,9 @@ Each gateway action needs one right; each role grants each right under one condi
 | member        | none       | none        | none        | none         | any  |
 
 `o:submitter`: the caller's org is the job submitter's org; `n:submitter`: the caller is the
-job's submitter. A right a role does not list is denied. `decide` is the only place that reads
-the table; the gateway logs every decision it makes.
+job's submitter. A right a role does not list is denied. Resuming a job makes a new one from
+it, as cloning does: it needs clone_job. `decide` is the only place that reads the table; the
+gateway logs every decision it makes.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Action(StrEnum):
 
     SUBMIT = "submit"
     CLONE = "clone"
+    RESUME = "resume"
     ABORT = "abort"
     DELETE = "delete"
     DOWNLOAD = "download"
@@ -66,6 +68,7 @@ class Condition(StrEnum):
 RIGHT_OF: dict[Action, Right] = {
     Action.SUBMIT: Right.SUBMIT_JOB,
     Action.CLONE: Right.CLONE_JOB,
+    Action.RESUME: Right.CLONE_JOB,
     Action.ABORT: Right.MANAGE_JOB,
     Action.DELETE: Right.MANAGE_JOB,
     Action.DOWNLOAD: Right.DOWNLOAD_JOB,

@@ -148,6 +148,16 @@ def clone(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
         typer.echo(f"Cloned job {job_id} as: {result.job_id}")
 
 
+def resume(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
+    """Continue an aborted or failed job from its last completed round (a new job)."""
+    with _session(ctx) as session:
+        result = session.resume(job_id)
+    if as_json:
+        _print_json({"id": result.job_id, "resumed_from": job_id})
+    else:
+        typer.echo(f"Resumed job {job_id} as: {result.job_id}")
+
+
 def delete(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
     """Delete a finished job (its record and stored files)."""
     with _session(ctx) as session:

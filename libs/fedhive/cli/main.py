@@ -1,7 +1,8 @@
 """`fedhive`: the admin command line.
 
-Job and site commands (submit, jobs, job, clone, delete, download, abort, watch, sites) talk
-to the gateway through `fedhive.sdk.Session` (cli/jobs.py; where the gateway is: cli/connection.py).
+Job and site commands (submit, jobs, job, clone, resume, delete, download, abort, watch,
+sites) talk to the gateway through `fedhive.sdk.Session` (cli/jobs.py; where the gateway is:
+cli/connection.py).
 `validate` checks a job offline, `config` the service environment, `admin-token` makes a token.
 """
 
@@ -36,8 +37,8 @@ _SECRET = (
 
 app.command("validate")(validate)
 app.command("admin-token")(admin_token)
-for _command in (jobs.submit, jobs.jobs, jobs.job, jobs.clone, jobs.delete, jobs.download,
-                 jobs.abort, jobs.watch, jobs.sites):
+for _command in (jobs.submit, jobs.jobs, jobs.job, jobs.clone, jobs.resume, jobs.delete,
+                 jobs.download, jobs.abort, jobs.watch, jobs.sites):
     app.command()(_command)
 
 

@@ -6,6 +6,7 @@ JSON job (`--json`; `jobs --json` prints a list of these):
     submit_time, start_time, end_time (ISO 8601 UTC or null), duration_s (null until started),
     schedule_count, last_schedule_time, next_schedule_time, sites, failed_sites, deploy_map,
     resource_spec, min_clients, mandatory_clients, cloned_from (null if not a clone),
+    resumed_from (null unless the job continues another's checkpoint),
     pending_reason ({} unless a SUBMITTED job waits), history [{from, to, reason, at}],
     site_states ({site: {allocated, deployed, started, excluded, gone, last_heartbeat}}: each
     site's part in the run; excluded/gone say why, "" if not; last_heartbeat ISO or null)
@@ -62,6 +63,7 @@ def job_json(job: JobRecord, now_ms: int) -> dict[str, Any]:
         "min_clients": job.meta.min_clients,
         "mandatory_clients": job.meta.mandatory_clients,
         "cloned_from": job.meta.extra.get("cloned_from"),
+        "resumed_from": job.resumed_from or None,
         "pending_reason": job.pending_reason,
         "site_states": {site: _site_state(values) for site, values in job.site_states.items()},
         "history": [
@@ -122,7 +124,7 @@ def print_job(console: Console, job: JobRecord, now_ms: int) -> None:
     values = job_json(job, now_ms)
     for key in ("id", "name", "status", "status_reason", "submitter", "org", "role",
                 "submit_time", "start_time", "end_time", "schedule_count", "sites",
-                "failed_sites", "cloned_from"):
+                "failed_sites", "cloned_from", "resumed_from"):
         value = values[key]
         if isinstance(value, list):
             value = ", ".join(value)

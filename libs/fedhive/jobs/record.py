@@ -66,6 +66,8 @@ class JobRecord:
     # (bools), excluded and gone (why it was left out / the server job was told it is gone;
     # "" if not), last_heartbeat_ms (its last heartbeat for the job; 0: none seen)
     site_states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the job this one continues from its checkpoint (`fedhive resume`); "" if none
+    resumed_from: str = ""
 
     @property
     def status_reason(self) -> str:

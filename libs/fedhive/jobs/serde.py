@@ -148,6 +148,7 @@ def record_to_proto(record: JobRecord) -> job_pb2.JobRecord:
         result_key=record.result_key,
         history=[change_to_proto(change) for change in record.history],
         reservations=record.reservations,
+        resumed_from=record.resumed_from,
     )
     if record.pending_reason:
         message.pending_reason.CopyFrom(dict_to_struct(record.pending_reason))
@@ -180,6 +181,7 @@ def record_from_proto(message: job_pb2.JobRecord) -> JobRecord:
         site_states=(
             struct_to_dict(message.site_states) if message.HasField("site_states") else {}
         ),
+        resumed_from=message.resumed_from,
     )
 
 

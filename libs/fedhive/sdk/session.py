@@ -160,6 +160,17 @@ class Session:
         )
         return SubmitResult(reply.job_id)
 
+    def resume(self, job_id: str) -> SubmitResult:
+        """A new job that continues `job_id` (ended FINISHED:ABORTED, EXECUTION_EXCEPTION or
+        ABNORMAL) from its last completed round, submitted by the caller; its record's
+        `resumed_from` names `job_id`. FailedPrecondition when the job is in another status
+        or completed no round."""
+        request = admin_pb2.ResumeJobRequest(job_id=job_id)
+        reply = self._call(
+            lambda: self._stub.ResumeJob(request, metadata=self._metadata, timeout=self.timeout)
+        )
+        return SubmitResult(reply.job_id)
+
     def delete(self, job_id: str) -> None:
         """Delete a job in a final status (its record and stored objects)."""
         request = admin_pb2.DeleteJobRequest(job_id=job_id)

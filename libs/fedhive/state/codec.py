@@ -26,7 +26,9 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def create_fields(meta: JobMeta, submitter: Submitter, archive_key: str) -> list[str]:
+def create_fields(
+    meta: JobMeta, submitter: Submitter, archive_key: str, resumed_from: str = ""
+) -> list[str]:
     """Field/value pairs, flattened, set when a job is created (besides id, status, times)."""
     return [
         "meta", _json(meta_to_dict(meta)),
@@ -38,6 +40,7 @@ def create_fields(meta: JobMeta, submitter: Submitter, archive_key: str) -> list
         "failed_sites", "[]",
         "pending_reason", "{}",
         "reservations", "{}",
+        "resumed_from", resumed_from,
     ]  # fmt: skip
 
 
@@ -109,6 +112,7 @@ def record_from_redis(key: str, fields: dict[str, str], history: Sequence[str]) 
             pending_reason=json.loads(fields.get("pending_reason") or "{}"),
             reservations=json.loads(fields.get("reservations") or "{}"),
             site_states=json.loads(fields.get("site_states") or "{}"),
+            resumed_from=fields.get("resumed_from", ""),
         )
     except (KeyError, ValueError) as err:
         raise FedhiveError(f"job record {key} is corrupt: {err!r}", field=key) from err

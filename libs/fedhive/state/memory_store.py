@@ -67,6 +67,7 @@ class MemoryStateStore:
         *,
         archive_key: str = "",
         reason: str = "submitted",
+        resumed_from: str = "",
     ) -> JobRecord:
         with self._lock:
             if job_id in self._jobs:
@@ -79,6 +80,7 @@ class MemoryStateStore:
                 submitter=submitter,
                 submit_time_ms=now,
                 archive_key=archive_key,
+                resumed_from=resumed_from,
                 history=[StatusChange(None, INITIAL, reason, now)],
             )
             self._jobs[job_id] = record

@@ -60,8 +60,10 @@ class JobStore(Protocol):
         *,
         archive_key: str = "",
         reason: str = "submitted",
+        resumed_from: str = "",
     ) -> JobRecord:
-        """Store a new job in status SUBMITTED; AlreadyExists if the id is taken."""
+        """Store a new job in status SUBMITTED; AlreadyExists if the id is taken.
+        `resumed_from`: the job whose checkpoint the new one continues from."""
         ...
 
     def get_job(self, job_id: str) -> JobRecord:

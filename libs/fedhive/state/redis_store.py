@@ -121,6 +121,7 @@ class RedisStateStore:
         *,
         archive_key: str = "",
         reason: str = "submitted",
+        resumed_from: str = "",
     ) -> JobRecord:
         n = self._names
         keys = [
@@ -129,7 +130,8 @@ class RedisStateStore:
             n.jobs_by_submit_key,
             n.jobs_by_status_key(INITIAL.value),
         ]
-        args = [job_id, reason, *codec.create_fields(meta, submitter, archive_key)]
+        fields = codec.create_fields(meta, submitter, archive_key, resumed_from)
+        args = [job_id, reason, *fields]
         reply = self._script(f"create job {job_id}", scripts.CREATE_JOB, keys, args)
         if reply[0] == scripts.EXISTS:
             raise AlreadyExists(f"job {job_id} already exists", field="job_id")

@@ -189,6 +189,26 @@ class CloneJobRequest(_message.Message):
 Global___CloneJobRequest: _TypeAlias = CloneJobRequest  # noqa: Y015
 
 @_typing.final
+class ResumeJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """the job to continue"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeJobRequest: _TypeAlias = ResumeJobRequest  # noqa: Y015
+
+@_typing.final
 class DeleteJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -61,6 +61,11 @@ class AdminServiceStub:
                 request_serializer=fedhive_dot_v1_dot_admin__pb2.CloneJobRequest.SerializeToString,
                 response_deserializer=fedhive_dot_v1_dot_admin__pb2.SubmitJobReply.FromString,
                 _registered_method=True)
+        self.ResumeJob = channel.unary_unary(
+                '/fedhive.v1.AdminService/ResumeJob',
+                request_serializer=fedhive_dot_v1_dot_admin__pb2.ResumeJobRequest.SerializeToString,
+                response_deserializer=fedhive_dot_v1_dot_admin__pb2.SubmitJobReply.FromString,
+                _registered_method=True)
         self.DeleteJob = channel.unary_unary(
                 '/fedhive.v1.AdminService/DeleteJob',
                 request_serializer=fedhive_dot_v1_dot_admin__pb2.DeleteJobRequest.SerializeToString,
@@ -117,6 +122,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResumeJob(self, request, context):
+        """A new job continuing an ABORTED, EXECUTION_EXCEPTION or ABNORMAL job from its last
+        checkpoint (the round after its last completed one, with that round's model).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeleteJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -168,6 +181,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
             'CloneJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CloneJob,
                     request_deserializer=fedhive_dot_v1_dot_admin__pb2.CloneJobRequest.FromString,
+                    response_serializer=fedhive_dot_v1_dot_admin__pb2.SubmitJobReply.SerializeToString,
+            ),
+            'ResumeJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeJob,
+                    request_deserializer=fedhive_dot_v1_dot_admin__pb2.ResumeJobRequest.FromString,
                     response_serializer=fedhive_dot_v1_dot_admin__pb2.SubmitJobReply.SerializeToString,
             ),
             'DeleteJob': grpc.unary_unary_rpc_method_handler(
@@ -325,6 +343,33 @@ class AdminService:
             target,
             '/fedhive.v1.AdminService/CloneJob',
             fedhive_dot_v1_dot_admin__pb2.CloneJobRequest.SerializeToString,
+            fedhive_dot_v1_dot_admin__pb2.SubmitJobReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedhive.v1.AdminService/ResumeJob',
+            fedhive_dot_v1_dot_admin__pb2.ResumeJobRequest.SerializeToString,
             fedhive_dot_v1_dot_admin__pb2.SubmitJobReply.FromString,
             options,
             channel_credentials,

@@ -39,6 +39,10 @@ class AdminServiceStub:
     GetJob: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetJobRequest, _job_pb2.JobRecord]
     AbortJob: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AbortJobRequest, _job_pb2.JobRecord]
     CloneJob: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CloneJobRequest, _admin_pb2.SubmitJobReply]
+    ResumeJob: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ResumeJobRequest, _admin_pb2.SubmitJobReply]
+    """A new job continuing an ABORTED, EXECUTION_EXCEPTION or ABNORMAL job from its last
+    checkpoint (the round after its last completed one, with that round's model).
+    """
     DeleteJob: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteJobRequest, _admin_pb2.DeleteJobReply]
     DownloadJob: _grpc.UnaryStreamMultiCallable[_admin_pb2.DownloadJobRequest, _admin_pb2.DataChunk]
     WatchJob: _grpc.UnaryStreamMultiCallable[_admin_pb2.GetJobRequest, _job_pb2.JobRecord]
@@ -54,6 +58,10 @@ class AdminServiceAsyncStub(AdminServiceStub):
     GetJob: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetJobRequest, _job_pb2.JobRecord]  # type: ignore[assignment]
     AbortJob: _aio.UnaryUnaryMultiCallable[_admin_pb2.AbortJobRequest, _job_pb2.JobRecord]  # type: ignore[assignment]
     CloneJob: _aio.UnaryUnaryMultiCallable[_admin_pb2.CloneJobRequest, _admin_pb2.SubmitJobReply]  # type: ignore[assignment]
+    ResumeJob: _aio.UnaryUnaryMultiCallable[_admin_pb2.ResumeJobRequest, _admin_pb2.SubmitJobReply]  # type: ignore[assignment]
+    """A new job continuing an ABORTED, EXECUTION_EXCEPTION or ABNORMAL job from its last
+    checkpoint (the round after its last completed one, with that round's model).
+    """
     DeleteJob: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteJobRequest, _admin_pb2.DeleteJobReply]  # type: ignore[assignment]
     DownloadJob: _aio.UnaryStreamMultiCallable[_admin_pb2.DownloadJobRequest, _admin_pb2.DataChunk]  # type: ignore[assignment]
     WatchJob: _aio.UnaryStreamMultiCallable[_admin_pb2.GetJobRequest, _job_pb2.JobRecord]  # type: ignore[assignment]
@@ -96,6 +104,16 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.CloneJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.SubmitJobReply, _abc.Awaitable[_admin_pb2.SubmitJobReply]]: ...
+
+    @_abc_1.abstractmethod
+    def ResumeJob(
+        self,
+        request: _admin_pb2.ResumeJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SubmitJobReply, _abc.Awaitable[_admin_pb2.SubmitJobReply]]:
+        """A new job continuing an ABORTED, EXECUTION_EXCEPTION or ABNORMAL job from its last
+        checkpoint (the round after its last completed one, with that round's model).
+        """
 
     @_abc_1.abstractmethod
     def DeleteJob(

@@ -260,6 +260,7 @@ class JobRecord(_message.Message):
     PENDING_REASON_FIELD_NUMBER: _builtins.int
     RESERVATIONS_FIELD_NUMBER: _builtins.int
     SITE_STATES_FIELD_NUMBER: _builtins.int
+    RESUMED_FROM_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     status: Global___JobStatus.ValueType
     submit_time_ms: _builtins.int
@@ -270,6 +271,8 @@ class JobRecord(_message.Message):
     next_schedule_time_ms: _builtins.int
     archive_key: _builtins.str
     result_key: _builtins.str
+    resumed_from: _builtins.str
+    """the job this one continues from its checkpoint (`fedhive resume`); "" if none"""
     @_builtins.property
     def meta(self) -> Global___JobMeta: ...
     @_builtins.property
@@ -315,10 +318,11 @@ class JobRecord(_message.Message):
         pending_reason: _struct_pb2.Struct | None = ...,
         reservations: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         site_states: _struct_pb2.Struct | None = ...,
+        resumed_from: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "pending_reason", b"pending_reason", "site_states", b"site_states", "submitter", b"submitter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["archive_key", b"archive_key", "end_time_ms", b"end_time_ms", "failed_sites", b"failed_sites", "history", b"history", "job_id", b"job_id", "last_schedule_time_ms", b"last_schedule_time_ms", "meta", b"meta", "next_schedule_time_ms", b"next_schedule_time_ms", "pending_reason", b"pending_reason", "reservations", b"reservations", "result_key", b"result_key", "schedule_count", b"schedule_count", "site_states", b"site_states", "sites", b"sites", "start_time_ms", b"start_time_ms", "status", b"status", "submit_time_ms", b"submit_time_ms", "submitter", b"submitter"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archive_key", b"archive_key", "end_time_ms", b"end_time_ms", "failed_sites", b"failed_sites", "history", b"history", "job_id", b"job_id", "last_schedule_time_ms", b"last_schedule_time_ms", "meta", b"meta", "next_schedule_time_ms", b"next_schedule_time_ms", "pending_reason", b"pending_reason", "reservations", b"reservations", "result_key", b"result_key", "resumed_from", b"resumed_from", "schedule_count", b"schedule_count", "site_states", b"site_states", "sites", b"sites", "start_time_ms", b"start_time_ms", "status", b"status", "submit_time_ms", b"submit_time_ms", "submitter", b"submitter"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -78,6 +78,35 @@ class StoreCloneJob(_message.Message):
 Global___StoreCloneJob: _TypeAlias = StoreCloneJob  # noqa: Y015
 
 @_typing.final
+class StoreResumeJob(_message.Message):
+    """As StoreCloneJob, for a job that ended FINISHED:ABORTED, FINISHED:EXECUTION_EXCEPTION or
+    FINISHED:ABNORMAL and left a checkpoint; the new job's record names it in `resumed_from`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SUBMITTER_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    @_builtins.property
+    def submitter(self) -> _job_pb2.Submitter:
+        """the caller becomes the new job's submitter"""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        submitter: _job_pb2.Submitter | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["submitter", b"submitter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "submitter", b"submitter"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreResumeJob: _TypeAlias = StoreResumeJob  # noqa: Y015
+
+@_typing.final
 class StoreDownloadJob(_message.Message):
     """As FLARE's download_job: only a job in a final status (FINISHED:*) can be downloaded;
     any other is refused with FAILED_PRECONDITION "job <id> is not done".

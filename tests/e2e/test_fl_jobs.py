@@ -1,0 +1,257 @@
+"""Federated jobs end to end: the examples and FL edge cases through the real `fedhive` CLI,
+gateway, job-store, schedulers, job-runner (server jobs) and site agents (client jobs) on their
+own broker users, over real RabbitMQ, Redis and S3 (tests/fixtures/e2e.py).
+
+The system is shared by the module: each test leaves every job it made final.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedhive.jobs.status import JobStatus
+from tests.fixtures.bus import Broker
+from tests.fixtures.e2e import System
+from tests.fixtures.gateway import GatewayProcess, write_admins
+from tests.fixtures.infra import wait_for
+
+S = JobStatus
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+FEDHIVE = str(Path(sys.executable).parent / "fedhive")
+
+
+class Cli:
+    def __init__(self, gateway: GatewayProcess, home: Path) -> None:
+        self.gateway = gateway
+        self.home = home
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FEDHIVE_")}
+        env.update(HOME=str(self.home), FEDHIVE_GATEWAY=self.gateway.address,
+                   FEDHIVE_TOKEN=self.gateway.admins.tokens["lead@a"], COLUMNS="200")
+        done = subprocess.run([FEDHIVE, *args], env=env, capture_output=True, text=True,
+                              timeout=120, check=False)
+        if check:
+            assert done.returncode == 0, done.stderr
+        return done
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "--json").stdout)
+
+    def submit(self, folder: Path) -> str:
+        job_id: str = self.json("submit", str(folder))["id"]
+        return job_id
+
+    def watch(self, job_id: str) -> dict[str, Any]:
+        """`fedhive watch` until the job is final; its last line."""
+        lines = self.run("watch", job_id, "--json").stdout.strip().splitlines()
+        last: dict[str, Any] = json.loads(lines[-1])
+        return last
+
+    def result(self, job_id: str, out: Path) -> dict[str, bytes]:
+        self.json("download", job_id, "-o", str(out))
+        with zipfile.ZipFile(out / job_id / "result.zip") as archive:
+            return {name: archive.read(name) for name in archive.namelist()}
+
+
+@pytest.fixture(scope="module")
+def cli(e2e_system: System, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+    tmp = tmp_path_factory.mktemp("fl-cli")
+    gateway = GatewayProcess(e2e_system.settings, write_admins(tmp / "admins.json"),
+                             tmp / "gateway.log")
+    gateway.start()
+    try:
+        gateway.wait_ready()
+        yield Cli(gateway, tmp)
+    finally:
+        gateway.stop()
+
+
+def rounds(result: dict[str, bytes]) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = json.loads(result["metrics.json"])["rounds"]
+    return entries
+
+
+def completed(cli: Cli, system: System, job_id: str) -> dict[str, Any]:
+    last = cli.watch(job_id)
+    assert last["status"] == S.FINISHED_COMPLETED.value, (
+        f"{last['status']}: {last.get('status_reason')}\n{system.runner.log()}")
+    return last
+
+
+def test_hello_numpy(cli: Cli, e2e_system: System, tmp_path: Path) -> None:
+    job_id = cli.submit(EXAMPLES / "hello-numpy")
+    completed(cli, e2e_system, job_id)
+    result = cli.result(job_id, tmp_path)
+    reports = rounds(result)
+    assert [r["round"] for r in reports] == list(range(reports[0]["num_rounds"]))
+    assert set(reports[-1]["metrics"]["sites"]) == set(e2e_system.sites[:2])
+    assert any(name.endswith(".npz") for name in result)
+    queues, _ = Broker(e2e_system.settings.amqp_url, e2e_system.settings.namespace).declared()
+    task_queue = e2e_system.names.job_server_queue(job_id)
+    assert not [q for q in queues if q.startswith(task_queue)], "the job's task queue is left"
+
+
+def test_hello_pt_reaches_the_accuracy_goal(cli: Cli, e2e_system: System,
+                                           tmp_path: Path) -> None:
+    job_id = cli.submit(EXAMPLES / "hello-pt")
+    completed(cli, e2e_system, job_id)
+    result = cli.result(job_id, tmp_path)
+    assert rounds(result)[-1]["metrics"]["aggregate"]["accuracy"] >= 0.90
+    assert any(name.endswith(".pt") for name in result)
+
+
+def test_cyclic_numpy(cli: Cli, e2e_system: System, tmp_path: Path) -> None:
+    job_id = cli.submit(EXAMPLES / "cyclic-numpy")
+    completed(cli, e2e_system, job_id)
+    assert rounds(cli.result(job_id, tmp_path))
+
+
+def test_cross_site_eval(cli: Cli, e2e_system: System, tmp_path: Path) -> None:
+    job_id = cli.submit(EXAMPLES / "cross-site-eval")
+    completed(cli, e2e_system, job_id)
+    result = cli.result(job_id, tmp_path)
+    table = json.loads(next(data for name, data in result.items()
+                            if name.endswith("cross_val_results.json")))
+    sites = set(e2e_system.sites[:2])
+    assert sites <= set(table)
+    for validators in table.values():
+        assert set(validators) == sites
+        assert all("accuracy" in metrics for metrics in validators.values())
+
+
+# Jobs written by the tests: ScatterAndGather over a numpy model, with a trainer that can be
+# told to fail at some sites or to take its time.
+TRAINER = '''
+import time
+
+from fedhive.fl.dxo import DataKind, Dxo, MetaKey
+
+
+class Trainer:
+    def __init__(self, fail_sites=(), seconds=0.0):
+        self.fail_sites = list(fail_sites)
+        self.seconds = seconds
+
+    def execute(self, task):
+        if task.site in self.fail_sites:
+            raise RuntimeError(f"no data at {task.site}")
+        model = task.load()
+        deadline = time.monotonic() + self.seconds
+        while time.monotonic() < deadline and not task.abort.is_set():
+            time.sleep(0.05)
+        return Dxo(DataKind.WEIGHTS, {k: v + 1 for k, v in model.data.items()},
+                   {MetaKey.NUM_STEPS_CURRENT_ROUND: 1, MetaKey.METRICS: {"loss": 1.0}})
+'''
+
+
+def sag_job(root: Path, name: str, *, sites: list[str], min_clients: int, num_rounds: int = 2,
+            ignore_result_error: bool | None = None, fail_sites: tuple[str, ...] = (),
+            seconds: float = 0.0) -> Path:
+    folder = root / name
+    config = folder / "app" / "config"
+    config.mkdir(parents=True)
+    (folder / "app" / "custom").mkdir()
+    (folder / "app" / "custom" / "trainer.py").write_text(TRAINER)
+    (folder / "meta.json").write_text(json.dumps({
+        "name": name, "deploy_map": {"app": ["server", *sites]}, "min_clients": min_clients}))
+    (config / "config_fed_server.json").write_text(json.dumps({
+        "components": [
+            {"id": "persistor", "path": "fedhive.fl.persistors.NumpyModelPersistor",
+             "args": {"initial": {"w": [[0.0, 0.0], [0.0, 0.0]]}}},
+            {"id": "aggregator",
+             "path": "fedhive.fl.aggregators.InTimeAccumulateWeightedAggregator"},
+            {"id": "shareable_generator",
+             "path": "fedhive.fl.shareables.FullModelShareableGenerator"},
+        ],
+        "workflows": [{"id": "sag", "path": "fedhive.fl.workflows.ScatterAndGather", "args": {
+            "min_clients": min_clients, "num_rounds": num_rounds,
+            "wait_time_after_min_received": 0, "persistor_id": "persistor",
+            "ignore_result_error": ignore_result_error}}],
+    }))
+    (config / "config_fed_client.json").write_text(json.dumps({
+        "executors": [{"tasks": ["train"], "executor": {
+            "path": "trainer.Trainer",
+            "args": {"fail_sites": list(fail_sites), "seconds": seconds}}}]}))
+    return folder
+
+
+def test_an_executor_error_fails_the_job_unless_ignored(cli: Cli, e2e_system: System,
+                                                       tmp_path: Path) -> None:
+    sites = e2e_system.sites[:2]
+    # min_clients 2: an error result counts as a response, so both sites are waited for
+    strict = cli.submit(sag_job(tmp_path, "strict", sites=sites, min_clients=2,
+                                ignore_result_error=False, fail_sites=(sites[1],)))
+    last = cli.watch(strict)
+    assert last["status"] == S.FINISHED_EXECUTION_EXCEPTION.value
+    assert sites[1] in last["status_reason"] and "no data at" in last["status_reason"]
+
+    lenient = cli.submit(sag_job(tmp_path, "lenient", sites=sites, min_clients=2,
+                                 ignore_result_error=True, fail_sites=(sites[1],)))
+    completed(cli, e2e_system, lenient)
+    reports = rounds(cli.result(lenient, tmp_path))
+    assert all(set(r["metrics"]["sites"]) == {sites[0]} for r in reports)
+
+
+def test_a_bad_component_reference_fails_at_start_naming_it(cli: Cli, e2e_system: System,
+                                                           tmp_path: Path) -> None:
+    folder = sag_job(tmp_path, "bad-ref", sites=e2e_system.sites[:2], min_clients=1)
+    config = folder / "app" / "config" / "config_fed_server.json"
+    server = json.loads(config.read_text())
+    server["workflows"][0]["args"]["aggregator_id"] = "persistor"
+    config.write_text(json.dumps(server))
+    last = cli.watch(cli.submit(folder))
+    assert last["status"] == S.FINISHED_EXECUTION_EXCEPTION.value
+    assert "'persistor'" in last["status_reason"] and "aggregator_id" in last["status_reason"]
+
+
+def test_a_site_killed_mid_round_with_min_clients_met_completes(
+    cli: Cli, e2e_system: System, tmp_path: Path,
+) -> None:
+    system = e2e_system
+    first, second = system.agents[:2]
+    job_id = cli.submit(sag_job(tmp_path, "survivor", sites=[first.site, second.site],
+                                min_clients=1, num_rounds=2, seconds=3.0))
+    report = wait_for(lambda: second.report(job_id), timeout=60,
+                      what="the second site's client job to start")
+    second.kill()
+    os.killpg(report["process_group"], signal.SIGKILL)
+    try:
+        completed(cli, system, job_id)
+        reports = rounds(cli.result(job_id, tmp_path))
+        assert set(reports[-1]["metrics"]["sites"]) == {first.site}
+    finally:
+        second.launch()
+        system.wait_online(second.site)
+    wait_for(lambda: system.freed(job_id), timeout=30, what="sites freed")
+
+
+def test_resume_continues_after_the_last_completed_round(cli: Cli, e2e_system: System,
+                                                        tmp_path: Path) -> None:
+    sites = e2e_system.sites[:2]
+    folder = sag_job(tmp_path, "long", sites=sites, min_clients=2, num_rounds=4, seconds=1.0)
+    job_id = cli.submit(folder)
+    wait_for(lambda: e2e_system.blobs.exists(e2e_system.names.job_checkpoint_key(job_id)),
+             timeout=90, what="a first checkpoint")
+    cli.run("abort", job_id)
+    assert cli.watch(job_id)["status"] == S.FINISHED_ABORTED.value
+    resumed = cli.json("resume", job_id)["id"]
+    completed(cli, e2e_system, resumed)
+    reports = rounds(cli.result(resumed, tmp_path))
+    assert reports[0]["round"] >= 1 and reports[-1]["round"] == 3
+    model = io.BytesIO(cli.result(resumed, tmp_path / "again")["model.npz"])
+    assert np.load(model)["w"].tolist() == [[4.0, 4.0], [4.0, 4.0]]  # +1 per round, 4 rounds
+    shutil.rmtree(tmp_path / "again", ignore_errors=True)

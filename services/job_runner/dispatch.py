@@ -24,8 +24,8 @@ from pathlib import Path
 
 from fedhive.bus import Delivery
 from fedhive.config import child_environment
-from fedhive.errors import FedhiveError, IllegalTransition, NotFound, RpcTimeout
-from fedhive.jobs.archive import write_zip
+from fedhive.errors import FedhiveError, IllegalTransition, InvalidArgument, NotFound, RpcTimeout
+from fedhive.jobs.archive import STORED, write_zip
 from fedhive.jobs.definition import JobDefinition, load_job
 from fedhive.jobs.events import publish_status
 from fedhive.jobs.record import JobMeta, JobRecord
@@ -103,7 +103,12 @@ class _Dispatch:
         self.ctx.runs.put(entry)
 
     def run(self) -> None:
-        definition = load_job(self.ctx.blobs.get(self.archive_key))
+        try:
+            definition = load_job(self.ctx.blobs.get(self.archive_key), STORED)
+        except InvalidArgument as err:  # retrying cannot help: the job can never run
+            conclude(self.ctx, self.entry, D, JobStatus.FINISHED_FAILED_TO_RUN,
+                     f"the stored job definition cannot be loaded: {err}")
+            return
         self.allocate()
         record_sites(self.ctx, self.entry)
         if self.stopped() or self.short("deploy"):

@@ -31,7 +31,7 @@ from typing import Any
 
 from fedhive.config import Settings
 from fedhive.errors import ConfigError
-from fedhive.jobs.archive import ArchiveLimits, MiB
+from fedhive.jobs.archive import STORED, ArchiveLimits, MiB
 from fedhive.jobs.validation import site_name_problem
 from fedhive.resources import SiteResources, load_resources
 
@@ -60,7 +60,9 @@ class SiteConfig:
 
     @property
     def archive_limits(self) -> ArchiveLimits:
-        return ArchiveLimits(max_archive_bytes=self.max_bundle_bytes)
+        """Bundles come from the job-runner, re-zipped from a checked job: sizes are capped,
+        the compression ratio is not (see `fedhive.jobs.archive.STORED`)."""
+        return replace(STORED, max_archive_bytes=self.max_bundle_bytes)
 
 
 def load_site(site_dir: Path) -> SiteConfig:

@@ -167,6 +167,32 @@ def test_a_raising_workflow_or_a_bad_component_is_an_execution_exception(stack: 
     wait_for(lambda: stack.freed(boom) and stack.freed(nope), timeout=10, what="sites freed")
 
 
+def stored(archive: bytes) -> bytes:
+    """The same zip with its members stored uncompressed (as some zip tools write them)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(archive)) as source, \
+            zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dest:
+        for name in source.namelist():
+            dest.writestr(name, source.read(name))
+    return out.getvalue()
+
+
+def test_a_compressible_job_runs_and_an_unreadable_one_fails_to_run(stack: Stack) -> None:
+    # 2 MiB of zeros: the job-store's deflated copy compresses ~1000x, past the upload's ratio
+    # limit, and must still deploy
+    zeros = flow("Done", message="0" * (2 * 1024 * 1024))
+    job_id = stack.run(stored(flow_job(zeros)))
+    assert stack.wait_status(job_id, S.FINISHED_COMPLETED).status_reason == "server job completed"
+
+    broken = stack.submit(flow_job(flow("Done")))
+    stack.blobs.put(stack.names.job_definition_key(broken), b"not a zip")
+    dispatch(stack.bus, stack.state, stack.agents, broken)
+    record = stack.wait_status(broken, S.FINISHED_FAILED_TO_RUN)
+    assert record.status_reason.startswith("the stored job definition cannot be loaded: ")
+    wait_for(lambda: stack.freed(job_id) and stack.freed(broken), timeout=10,
+             what="sites freed")
+
+
 def test_a_killed_server_job_is_abnormal(stack: Stack) -> None:
     job_id = stack.run(flow_job(flow("Hold")))
     stack.wait_status(job_id, S.RUNNING)

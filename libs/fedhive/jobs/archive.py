@@ -48,6 +48,12 @@ class ArchiveLimits:
     max_name_length: int = 512
 
 
+# For archives fedhive wrote itself (the job-store's normalised copy of a checked upload): the
+# sizes still hold, the compression ratio does not (re-deflating may compress far better than
+# the upload did, e.g. a config of many zeros).
+STORED = ArchiveLimits(max_ratio=float("inf"))
+
+
 class Violations(InvalidArgument):
     """An input with one or more problems, all of them listed.
 

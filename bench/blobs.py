@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))  # for tests.fixtures.infra (the SeaweedFS launche
 import boto3  # noqa: E402
 import numpy as np  # noqa: E402
 from botocore.config import Config  # noqa: E402
-from support import BUCKET, bench_settings  # noqa: E402  (bench/support.py, beside this script)
+from support import BUCKET, bench_settings, write_results  # noqa: E402  (bench/support.py, beside this script)
 
 from fedhive.blobs import (  # noqa: E402
     PresignedFetcher,
@@ -216,10 +216,7 @@ def main() -> None:
         },
         "cases": cases,
     }
-    text = json.dumps(report, indent=2)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text + "\n")
-    print(text)
+    write_results(report, args.output)
 
 
 if __name__ == "__main__":

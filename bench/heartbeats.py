@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import secrets
@@ -40,6 +39,7 @@ import pika  # noqa: E402
 import pika.exceptions  # noqa: E402
 import psutil  # noqa: E402
 import redis  # noqa: E402
+from support import write_results  # noqa: E402  (bench/support.py, beside this script)
 
 from fedhive.bus.publisher import properties  # noqa: E402
 from fedhive.config import Settings  # noqa: E402
@@ -237,11 +237,7 @@ def main() -> None:
     finally:
         bench.cleanup()
         broker_users.delete_users([name], CTL)
-    text = json.dumps(result, indent=2)
-    print(text)
-    out = ROOT / "bench" / "results" / "heartbeats.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+    write_results(result, ROOT / "bench" / "results" / "heartbeats.json")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ bench/results/jobs.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import secrets
@@ -37,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.fixtures (the service launchers, SeaweedFS)
 
-from support import bench_settings  # noqa: E402  (bench/support.py, beside this script)
+from support import bench_settings, write_results  # noqa: E402  (bench/support.py, beside this script)
 
 from fedhive.blobs import S3BlobStore  # noqa: E402
 from fedhive.config import Settings  # noqa: E402
@@ -147,10 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     configure("bench-jobs", level="WARNING")  # logs to stderr: stdout is the JSON result
     results = run(args.repeat, args.jobs)
-    text = json.dumps(results, indent=2)
-    print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text + "\n")
+    write_results(results, args.output)
 
 
 if __name__ == "__main__":

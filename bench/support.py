@@ -4,10 +4,12 @@ SeaweedFS started for the run)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from fedhive.config import Settings
 from tests.fixtures.infra import start_seaweedfs, stop_process
@@ -32,3 +34,11 @@ def bench_settings(namespace: str) -> Iterator[tuple[Settings, str]]:
             ), "SeaweedFS (started by the benchmark)"
         finally:
             stop_process(proc)
+
+
+def write_results(results: dict[str, Any], output: Path) -> None:
+    """Print the results as JSON (stdout is the benchmark's result) and write them to `output`."""
+    text = json.dumps(results, indent=2)
+    print(text)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text + "\n")

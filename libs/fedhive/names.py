@@ -98,6 +98,11 @@ class Names:
         """Hash site -> the site's last heartbeat (JSON), kept after the live record expires."""
         return self.key("sites", "last")
 
+    def job_rounds_key(self, job_id: str) -> str:
+        """List of the rounds a job's workflows reported (JSON, oldest first; `RoundLog`),
+        readable while the job runs; deleted with the job."""
+        return self.key("job", job_id, "rounds")
+
     def job_heartbeat_key(self, job_id: str, site: str) -> str:
         return self.key("job", job_id, "beat", site)
 

@@ -143,6 +143,12 @@ class Gateway:
         self._authorize(admin, Action.GET)
         return self._call(admin_pb2.GetJobRequest(job_id=_job_id(job_id)), job_pb2.JobRecord)
 
+    def job_metrics(self, admin: Admin, job_id: str) -> admin_pb2.JobMetrics:
+        """The rounds the job's workflows reported so far (authorised as `get_job`)."""
+        self._authorize(admin, Action.METRICS)
+        return self._call(admin_pb2.GetJobMetricsRequest(job_id=_job_id(job_id)),
+                          admin_pb2.JobMetrics)
+
     def clone_job(self, admin: Admin, job_id: str) -> admin_pb2.SubmitJobReply:
         job = self._job_for(admin, Action.CLONE, job_id)
         request = jobstore_pb2.StoreCloneJob(

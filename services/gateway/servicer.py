@@ -81,6 +81,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return self._unary(context, "GetJob",
                            lambda admin: self._gateway.get_job(admin, request.job_id))
 
+    def GetJobMetrics(self, request: admin_pb2.GetJobMetricsRequest,
+                      context: grpc.ServicerContext) -> admin_pb2.JobMetrics:
+        return self._unary(context, "GetJobMetrics",
+                           lambda admin: self._gateway.job_metrics(admin, request.job_id))
+
     def AbortJob(self, request: admin_pb2.AbortJobRequest,
                  context: grpc.ServicerContext) -> job_pb2.JobRecord:
         return self._unary(context, "AbortJob",

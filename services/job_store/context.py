@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from fedhive.blobs import BlobStore
 from fedhive.errors import NotFound
@@ -26,6 +26,12 @@ class RunnerCaller(Protocol):
     ) -> job_pb2.JobRecord: ...
 
 
+class RoundReader(Protocol):
+    """The read side of the job's round log (`fedhive.state.rounds.RoundLog` has it)."""
+
+    def read(self, job_id: str) -> list[dict[str, Any]]: ...
+
+
 @dataclass(frozen=True)
 class JobStoreContext:
     state: StateStore
@@ -33,6 +39,7 @@ class JobStoreContext:
     events: events.EventPublisher
     runner: RunnerCaller  # aborts of DISPATCHED/RUNNING jobs are the job-runner's
     names: Names
+    rounds: RoundReader  # the per-round metrics server jobs record
     limits: ArchiveLimits = field(default_factory=ArchiveLimits)
 
 

@@ -20,6 +20,8 @@ request (`fedhive.v1.*`) -> reply; errors (code: when):
 * `ListJobsRequest` -> `ListJobsReply`. INVALID_ARGUMENT: `limit` negative or above
   `MAX_LIMIT`; JOB_STATUS_UNSPECIFIED among `statuses`.
 * `GetJobRequest` -> `JobRecord`. NOT_FOUND: "job <id> not found".
+* `GetJobMetricsRequest` -> `JobMetrics`: the rounds the job's server job logged so far
+  (`fedhive.state.rounds`), oldest first; none yet is an empty list. NOT_FOUND as above.
 * `DeleteJobRequest` -> `DeleteJobReply`. NOT_FOUND; FAILED_PRECONDITION: the job is not in a
   final status ("job: <id> is running (RUNNING), could not be deleted at this time.").
 * `StoreDownloadJob` -> `StoreDownloadReply`. NOT_FOUND; FAILED_PRECONDITION: "job <id> is
@@ -65,7 +67,7 @@ from fedhive.proto.v1 import admin_pb2, jobstore_pb2
 
 from .context import JobStoreContext
 from .manage import abort_job, delete_job, download_job
-from .queries import get_job, list_jobs, list_sites
+from .queries import get_job, get_job_metrics, list_jobs, list_sites
 from .submit import clone_job, resume_job, submit_job
 
 log = structlog.get_logger()
@@ -78,6 +80,7 @@ _HANDLERS: dict[type[Message], Callable[[Any, Delivery, JobStoreContext], Messag
     jobstore_pb2.StoreResumeJob: resume_job,
     admin_pb2.ListJobsRequest: list_jobs,
     admin_pb2.GetJobRequest: get_job,
+    admin_pb2.GetJobMetricsRequest: get_job_metrics,
     admin_pb2.DeleteJobRequest: delete_job,
     jobstore_pb2.StoreDownloadJob: download_job,
     admin_pb2.AbortJobRequest: abort_job,

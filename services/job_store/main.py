@@ -1,8 +1,9 @@
 """`fedhive-job-store`: job definitions, validation, status history.
 
-The composition root: builds the state store (Redis), the blob store (S3, bucket ensured),
-the bus (RabbitMQ) and serves `{ns}.job-store` with the handlers of `handlers.py`. Stateless:
-run as many replicas as wanted; everything lives in Redis, S3 and the durable queue.
+The composition root: builds the state store and the round log (Redis), the blob store (S3,
+bucket ensured), the bus (RabbitMQ) and serves `{ns}.job-store` with the handlers of
+`handlers.py`. Stateless: run as many replicas as wanted; everything lives in Redis, S3 and
+the durable queue.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from fedhive.config import Settings
 from fedhive.names import Names
 from fedhive.service import run
 from fedhive.state import RedisStateStore
+from fedhive.state.rounds import RoundLog
 
 from .context import JobStoreContext
 from .handlers import ACCEPTS, SERVICE, make_handler
@@ -29,11 +31,13 @@ class JobStoreService:
     bus: RabbitBus
     state: RedisStateStore
     blobs: S3BlobStore
+    rounds: RoundLog
 
     def close(self) -> None:
         """Stop consuming (running requests finish and are acked), then release the ports."""
         self.bus.close()
         self.state.close()
+        self.rounds.close()
         self.blobs.close()
 
 
@@ -42,9 +46,11 @@ def build(settings: Settings, log: Any) -> JobStoreService:
     state = RedisStateStore.from_settings(settings)
     blobs = S3BlobStore.from_settings(settings)
     blobs.ensure_bucket()
+    rounds = RoundLog.from_settings(settings)
     bus = RabbitBus(settings, name=SERVICE)
     try:
-        ctx = JobStoreContext(state=state, blobs=blobs, events=bus, runner=bus, names=names)
+        ctx = JobStoreContext(state=state, blobs=blobs, events=bus, runner=bus, names=names,
+                              rounds=rounds)
         bus.serve(
             names.service_queue(SERVICE),
             make_handler(ctx),
@@ -56,7 +62,7 @@ def build(settings: Settings, log: Any) -> JobStoreService:
         bus.close()
         raise
     log.info("job_store.serving", queue=names.service_queue(SERVICE))
-    return JobStoreService(bus, state, blobs)
+    return JobStoreService(bus, state, blobs, rounds)
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Read-only requests: list jobs, get one job, list sites."""
+"""Read-only requests: list jobs, get one job, a job's per-round metrics, list sites."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fedhive.bus import Delivery
 from fedhive.errors import InvalidArgument
+from fedhive.jobs.metrics import round_from_dict, round_to_proto
 from fedhive.jobs.record import JobRecord
 from fedhive.jobs.serde import record_to_proto, status_from_proto
 from fedhive.jobs.status import JobStatus
@@ -95,6 +96,15 @@ def get_job(
     request: admin_pb2.GetJobRequest, delivery: Delivery, ctx: JobStoreContext
 ) -> job_pb2.JobRecord:
     return record_to_proto(ctx.state.get_job(request.job_id))
+
+
+def get_job_metrics(
+    request: admin_pb2.GetJobMetricsRequest, delivery: Delivery, ctx: JobStoreContext
+) -> admin_pb2.JobMetrics:
+    """The rounds the job's server job logged so far, oldest first (NotFound: no such job)."""
+    record = ctx.state.get_job(request.job_id)
+    rounds = [round_to_proto(round_from_dict(entry)) for entry in ctx.rounds.read(record.job_id)]
+    return admin_pb2.JobMetrics(job_id=record.job_id, rounds=rounds)
 
 
 def list_sites(

@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedhive.jobs.metrics import RoundMetrics
 from fedhive.jobs.status import JobStatus
+from fedhive.sdk import Session
 from tests.fixtures.bus import Broker
 from tests.fixtures.e2e import System
 from tests.fixtures.gateway import GatewayProcess, write_admins
@@ -103,6 +105,23 @@ def test_hello_numpy(cli: Cli, e2e_system: System, tmp_path: Path) -> None:
     queues, _ = Broker(e2e_system.settings.amqp_url, e2e_system.settings.namespace).declared()
     task_queue = e2e_system.names.job_server_queue(job_id)
     assert not [q for q in queues if q.startswith(task_queue)], "the job's task queue is left"
+
+    # `fedhive metrics`: the rounds the server job logged in Redis are the result's rounds
+    shown = cli.json("metrics", job_id)
+    assert shown["id"] == job_id and len(shown["rounds"]) == len(reports)
+    for entry, kept in zip(shown["rounds"], reports, strict=True):
+        assert (entry["workflow"], entry["round"], entry["num_rounds"]) == (
+            kept["workflow"], kept["round"], kept["num_rounds"])
+        assert entry["aggregate"] == kept["metrics"]["aggregate"]
+        assert entry["sites"] == kept["metrics"]["sites"]
+    picture = tmp_path / "curve.png"
+    assert f"Plot written to {picture}" in cli.run("metrics", job_id, "--plot",
+                                                   str(picture)).stdout
+    assert picture.read_bytes().startswith(b"\x89PNG")
+    with Session(cli.gateway.address, cli.gateway.admins.tokens["lead@a"]) as session:
+        listed = session.metrics(job_id)
+    assert all(isinstance(r, RoundMetrics) and r.at_ms > 0 for r in listed)
+    assert [r.round for r in listed] == [r["round"] for r in reports]
 
 
 def test_hello_pt_reaches_the_accuracy_goal(cli: Cli, e2e_system: System,

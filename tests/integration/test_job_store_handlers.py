@@ -37,6 +37,7 @@ from fedhive.names import Names
 from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2
 from fedhive.sites.heartbeat import SiteHeartbeat
 from fedhive.state import JobUpdate, RedisStateStore
+from fedhive.state.rounds import RoundLog
 from fedhive_services.job_store.context import JobStoreContext, job_id_for
 from fedhive_services.job_store.handlers import make_handler
 from tests.fixtures.infra import wait_for
@@ -130,11 +131,12 @@ class Store:
 
 
 @pytest.fixture
-def store(redis_state: RedisStateStore, job_store_blobs: S3BlobStore) -> Iterator[Store]:
+def store(redis_state: RedisStateStore, job_store_blobs: S3BlobStore, round_log: RoundLog
+          ) -> Iterator[Store]:
     events = RecordedEvents()
     names = Names(redis_state._names.ns)
     ctx = JobStoreContext(state=redis_state, blobs=job_store_blobs, events=events,
-                          runner=_RunnerAnswering(), names=names)
+                          runner=_RunnerAnswering(), names=names, rounds=round_log)
     yield Store(ctx, events, names)
 
 

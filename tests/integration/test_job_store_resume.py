@@ -17,6 +17,7 @@ from fedhive.jobs.status import JobStatus
 from fedhive.names import Names
 from fedhive.proto.v1 import admin_pb2, jobstore_pb2
 from fedhive.state import RedisStateStore
+from fedhive.state.rounds import RoundLog
 from fedhive_services.job_store.context import JobStoreContext
 from fedhive_services.job_store.submit import RESUMABLE
 from tests.fixtures.job_store import job_zip
@@ -34,11 +35,12 @@ class _NoRunner:
 
 
 @pytest.fixture
-def store(redis_state: RedisStateStore, job_store_blobs: S3BlobStore) -> Store:
+def store(redis_state: RedisStateStore, job_store_blobs: S3BlobStore, round_log: RoundLog
+          ) -> Store:
     names = Names(redis_state._names.ns)
     events = RecordedEvents()
     ctx = JobStoreContext(state=redis_state, blobs=job_store_blobs, events=events,
-                          runner=_NoRunner(), names=names)
+                          runner=_NoRunner(), names=names, rounds=round_log)
     return Store(ctx, events, names)
 
 

@@ -55,6 +55,7 @@ class Action(StrEnum):
     LIST = "list"
     GET = "get"
     WATCH = "watch"
+    METRICS = "metrics"  # a job's per-round metrics: viewed like the job itself
     SITES = "sites"
 
 
@@ -75,6 +76,7 @@ RIGHT_OF: dict[Action, Right] = {
     Action.LIST: Right.VIEW,
     Action.GET: Right.VIEW,
     Action.WATCH: Right.VIEW,
+    Action.METRICS: Right.VIEW,
     Action.SITES: Right.VIEW,
 }
 

@@ -1,8 +1,8 @@
 """`fedhive`: the admin command line.
 
 Job and site commands (submit, jobs, job, clone, resume, delete, download, abort, watch,
-sites) talk to the gateway through `fedhive.sdk.Session` (cli/jobs.py; where the gateway is:
-cli/connection.py).
+sites; metrics in cli/metrics.py) talk to the gateway through `fedhive.sdk.Session`
+(cli/jobs.py; where the gateway is: cli/connection.py).
 `validate` checks a job offline, `config` the service environment, `admin-token` makes a token.
 """
 
@@ -21,6 +21,7 @@ from fedhive import __version__
 from fedhive.cli import jobs
 from fedhive.cli.admins import admin_token
 from fedhive.cli.connection import GatewayTarget
+from fedhive.cli.metrics import metrics
 from fedhive.cli.validate import validate
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError
@@ -38,7 +39,7 @@ _SECRET = (
 app.command("validate")(validate)
 app.command("admin-token")(admin_token)
 for _command in (jobs.submit, jobs.jobs, jobs.job, jobs.clone, jobs.resume, jobs.delete,
-                 jobs.download, jobs.abort, jobs.watch, jobs.sites):
+                 jobs.download, jobs.abort, jobs.watch, metrics, jobs.sites):
     app.command()(_command)
 
 

@@ -13,7 +13,9 @@ job-runner starts it, in its own process group, with the FEDHIVE_* environment):
    import path with their args (`APP/custom` is on sys.path), calls every workflow's
    `prepare(ctx)` (a bad component reference fails the job here), then runs the workflows in
    order (see `fedhive.fl.workflow`); each round a workflow reports is appended to
-   `WORKSPACE/metrics.json` and published as `job.round.completed`;
+   `WORKSPACE/metrics.json` and to the job's round log in Redis (`fedhive.state.rounds`,
+   what `fedhive metrics ID` reads while the job runs), and published as
+   `job.round.completed`;
 4. ends the run (`tasks.end_run()`): keeps serving until every site was told END_RUN (or is
    gone), at most `END_RUN_GRACE_S`, so client jobs exit on their own;
 5. reports its outcome in Redis (`RunTable.report`): `completed`, or `exception` with the
@@ -54,6 +56,7 @@ from fedhive.fl.workflow import RoundReport, WorkflowContext
 from fedhive.logging import configure
 from fedhive.names import Names
 from fedhive.proto.v1 import task_pb2
+from fedhive.state.rounds import RoundLog
 from fedhive.state.runs import Outcome, RunTable
 from fedhive.structs import dict_to_struct
 
@@ -89,14 +92,17 @@ def run_app(app_dir: Path, ctx: WorkflowContext) -> None:
 
 class RoundReports:
     """`ctx.report_round`: each report appended to `WORKSPACE/metrics.json` (`{"rounds":
-    [{workflow, round, num_rounds, metrics, time}]}`, part of the job's result) and published
-    as the event `job.round.completed` (a lost event is only logged)."""
+    [{workflow, round, num_rounds, metrics, time}]}`, part of the job's result) and to the
+    job's round log in Redis (`rounds`: readable while the job runs), and published as the
+    event `job.round.completed` (a Redis or broker hiccup is only logged)."""
 
-    def __init__(self, job_id: str, workspace: Path, bus: Bus | None, log: Any) -> None:
+    def __init__(self, job_id: str, workspace: Path, bus: Bus | None, log: Any,
+                 rounds: RoundLog | None = None) -> None:
         self._job_id = job_id
         self._path = workspace / METRICS_FILE
         self._bus = bus
         self._log = log
+        self._round_log = rounds
         self._rounds: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
@@ -112,6 +118,15 @@ class RoundReports:
             partial.replace(self._path)
         self._log.info("server_job.round_completed", workflow=report.workflow,
                        round=report.round, num_rounds=report.num_rounds)
+        if self._round_log is not None:
+            logged = {"workflow": report.workflow, "round": report.round,
+                      "num_rounds": report.num_rounds, "metrics": metrics,
+                      "at_ms": int(now * 1000)}
+            try:
+                self._round_log.append(self._job_id, logged)
+            except Exception as err:  # Redis away: metrics.json still has the round
+                self._log.warning("server_job.round_log_failed", round=report.round,
+                                  error=str(err))
         if self._bus is None:
             return
         event = task_pb2.RoundCompleted(job_id=self._job_id, workflow=report.workflow,
@@ -203,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for thread in threads:
         thread.start()
     bus = RabbitBus(settings, name=f"server-job.{args.job_id}")
-    ctx.report_round = RoundReports(args.job_id, args.workspace, bus, log)
+    round_log = RoundLog.from_settings(settings)
+    ctx.report_round = RoundReports(args.job_id, args.workspace, bus, log, rounds=round_log)
     server = TaskServer(ctx, service_user=user_name(pika.URLParameters(settings.amqp_url)))
     serving = False
     try:
@@ -225,6 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table.report(args.job_id, outcome)
     log.info("server_job.ended", result=outcome.result, aborted=ctx.abort.is_set())
     bus.close()
+    round_log.close()
     table.close()
     codec.close()
     store.close()

@@ -7,7 +7,8 @@
         for record in s.watch(job_id):
             print(record.status, record.status_reason)
 
-Every method returns dataclasses (`fedhive.jobs.record.JobRecord`, `SubmitResult`, `SiteInfo`)
+Every method returns dataclasses (`fedhive.jobs.record.JobRecord`, `SubmitResult`, `SiteInfo`,
+`fedhive.jobs.metrics.RoundMetrics`)
 and raises `fedhive.errors` types: the gateway's error comes back as the same typed error
 (`NotFound`, `PermissionDenied`, `Unauthenticated`, `InvalidArgument`, ...), translated once,
 here. A job folder or zip is validated locally before it is uploaded.
@@ -25,6 +26,7 @@ from typing import BinaryIO, TypeVar
 import grpc
 
 from fedhive.jobs.definition import load_job
+from fedhive.jobs.metrics import RoundMetrics, round_from_proto
 from fedhive.jobs.record import JobRecord
 from fedhive.jobs.serde import record_from_proto, status_to_proto
 from fedhive.jobs.status import JobStatus
@@ -193,6 +195,17 @@ class Session:
             out.write(chunk.data)
             written += len(chunk.data)
         return written
+
+    def metrics(self, job_id: str) -> builtins.list[RoundMetrics]:
+        """The rounds the job's workflows reported so far, oldest first (while the job runs,
+        too): workflow, 0-based round, num_rounds, `metrics` ({"aggregate": {...}, "sites":
+        {site: {...}}}) and when it was recorded. [] before the first round completes."""
+        request = admin_pb2.GetJobMetricsRequest(job_id=job_id)
+        reply = self._call(
+            lambda: self._stub.GetJobMetrics(request, metadata=self._metadata,
+                                             timeout=self.timeout)
+        )
+        return [round_from_proto(entry) for entry in reply.rounds]
 
     def watch(self, job_id: str) -> Iterator[JobRecord]:
         """The job's record now and after every status change; ends after a final status."""

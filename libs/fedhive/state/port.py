@@ -117,7 +117,8 @@ class JobStore(Protocol):
         ...
 
     def delete_job(self, job_id: str) -> bool:
-        """Remove the record, its history and index entries; False if there was none."""
+        """Remove the record, its history, its round log (`fedhive.state.rounds`) and index
+        entries; False if there was none."""
         ...
 
 

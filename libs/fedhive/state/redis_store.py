@@ -274,6 +274,7 @@ class RedisStateStore:
         keys = [
             n.job_key(job_id),
             n.job_history_key(job_id),
+            n.job_rounds_key(job_id),
             n.jobs_by_submit_key,
             *(n.jobs_by_status_key(status.value) for status in JobStatus),
         ]

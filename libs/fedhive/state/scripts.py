@@ -149,11 +149,11 @@ return record(KEYS[1], KEYS[2])
                  stale_status=STALE_STATUS)
 )
 
-# KEYS: job, history, by-submit, by-status(s) for every status. ARGV: job_id.
+# KEYS: job, history, round log, by-submit, by-status(s) for every status. ARGV: job_id.
 DELETE_JOB = LuaScript(
     """if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('DEL', KEYS[1], KEYS[2])
-for i = 3, #KEYS do redis.call('ZREM', KEYS[i], ARGV[1]) end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+for i = 4, #KEYS do redis.call('ZREM', KEYS[i], ARGV[1]) end
 return 1
 """
 )

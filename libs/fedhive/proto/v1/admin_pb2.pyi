@@ -9,6 +9,7 @@ from fedhive.proto.v1 import job_pb2 as _job_pb2
 from fedhive.proto.v1 import site_pb2 as _site_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
@@ -346,3 +347,88 @@ class ListSitesReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListSitesReply: _TypeAlias = ListSitesReply  # noqa: Y015
+
+@_typing.final
+class GetJobMetricsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetJobMetricsRequest: _TypeAlias = GetJobMetricsRequest  # noqa: Y015
+
+@_typing.final
+class RoundMetrics(_message.Message):
+    """One round a workflow reported."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKFLOW_FIELD_NUMBER: _builtins.int
+    ROUND_FIELD_NUMBER: _builtins.int
+    NUM_ROUNDS_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
+    AT_MS_FIELD_NUMBER: _builtins.int
+    workflow: _builtins.str
+    """the workflow's id in the server config"""
+    round: _builtins.int
+    """0-based"""
+    num_rounds: _builtins.int
+    at_ms: _builtins.int
+    """when the server job recorded it (unix epoch milliseconds)"""
+    @_builtins.property
+    def metrics(self) -> _struct_pb2.Struct:
+        """As the workflow reported it: {"sites": {site: {name: value}}, "aggregate": {name: value}};
+        a number JSON cannot hold (NaN, infinity) is null.
+        """
+
+    def __init__(
+        self,
+        *,
+        workflow: _builtins.str = ...,
+        round: _builtins.int = ...,
+        num_rounds: _builtins.int = ...,
+        metrics: _struct_pb2.Struct | None = ...,
+        at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_ms", b"at_ms", "metrics", b"metrics", "num_rounds", b"num_rounds", "round", b"round", "workflow", b"workflow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoundMetrics: _TypeAlias = RoundMetrics  # noqa: Y015
+
+@_typing.final
+class JobMetrics(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ROUNDS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    @_builtins.property
+    def rounds(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoundMetrics]:
+        """oldest first; empty until a round completes"""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        rounds: _abc.Iterable[Global___RoundMetrics] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "rounds", b"rounds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobMetrics: _TypeAlias = JobMetrics  # noqa: Y015

@@ -86,6 +86,11 @@ class AdminServiceStub:
                 request_serializer=fedhive_dot_v1_dot_admin__pb2.ListSitesRequest.SerializeToString,
                 response_deserializer=fedhive_dot_v1_dot_admin__pb2.ListSitesReply.FromString,
                 _registered_method=True)
+        self.GetJobMetrics = channel.unary_unary(
+                '/fedhive.v1.AdminService/GetJobMetrics',
+                request_serializer=fedhive_dot_v1_dot_admin__pb2.GetJobMetricsRequest.SerializeToString,
+                response_deserializer=fedhive_dot_v1_dot_admin__pb2.JobMetrics.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -155,6 +160,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetJobMetrics(self, request, context):
+        """The rounds the job's workflows reported so far, oldest first (readable while it runs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -207,6 +219,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListSites,
                     request_deserializer=fedhive_dot_v1_dot_admin__pb2.ListSitesRequest.FromString,
                     response_serializer=fedhive_dot_v1_dot_admin__pb2.ListSitesReply.SerializeToString,
+            ),
+            'GetJobMetrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobMetrics,
+                    request_deserializer=fedhive_dot_v1_dot_admin__pb2.GetJobMetricsRequest.FromString,
+                    response_serializer=fedhive_dot_v1_dot_admin__pb2.JobMetrics.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -479,6 +496,33 @@ class AdminService:
             '/fedhive.v1.AdminService/ListSites',
             fedhive_dot_v1_dot_admin__pb2.ListSitesRequest.SerializeToString,
             fedhive_dot_v1_dot_admin__pb2.ListSitesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobMetrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedhive.v1.AdminService/GetJobMetrics',
+            fedhive_dot_v1_dot_admin__pb2.GetJobMetricsRequest.SerializeToString,
+            fedhive_dot_v1_dot_admin__pb2.JobMetrics.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,6 +48,8 @@ class AdminServiceStub:
     WatchJob: _grpc.UnaryStreamMultiCallable[_admin_pb2.GetJobRequest, _job_pb2.JobRecord]
     """Status changes of one job, starting with its current record, until it is final."""
     ListSites: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListSitesRequest, _admin_pb2.ListSitesReply]
+    GetJobMetrics: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetJobMetricsRequest, _admin_pb2.JobMetrics]
+    """The rounds the job's workflows reported so far, oldest first (readable while it runs)."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -67,6 +69,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     WatchJob: _aio.UnaryStreamMultiCallable[_admin_pb2.GetJobRequest, _job_pb2.JobRecord]  # type: ignore[assignment]
     """Status changes of one job, starting with its current record, until it is final."""
     ListSites: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListSitesRequest, _admin_pb2.ListSitesReply]  # type: ignore[assignment]
+    GetJobMetrics: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetJobMetricsRequest, _admin_pb2.JobMetrics]  # type: ignore[assignment]
+    """The rounds the job's workflows reported so far, oldest first (readable while it runs)."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -143,5 +147,13 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.ListSitesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListSitesReply, _abc.Awaitable[_admin_pb2.ListSitesReply]]: ...
+
+    @_abc_1.abstractmethod
+    def GetJobMetrics(
+        self,
+        request: _admin_pb2.GetJobMetricsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.JobMetrics, _abc.Awaitable[_admin_pb2.JobMetrics]]:
+        """The rounds the job's workflows reported so far, oldest first (readable while it runs)."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

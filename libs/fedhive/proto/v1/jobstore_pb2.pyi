@@ -4,7 +4,8 @@
 isort:skip_file
 Commands on the job-store's queue (`{ns}.job-store`). The gateway has already authenticated
 and authorised the caller; requests that need no extra context reuse the AdminService
-messages (ListJobsRequest, GetJobRequest, DeleteJobRequest, AbortJobRequest).
+messages (ListJobsRequest, GetJobRequest, GetJobMetricsRequest, DeleteJobRequest,
+AbortJobRequest).
 """
 
 from fedhive.proto.v1 import job_pb2 as _job_pb2

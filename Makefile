@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup proto lint test bench infra gpu-check
+.PHONY: setup proto lint test bench infra gpu-check demo
 
 setup: $(STAMP)
 
@@ -29,6 +29,13 @@ test: setup infra
 
 infra:
 	bash deploy/local/ensure-infra.sh
+
+# The README's first command: `fedhive demo` starts a POC on this machine (local RabbitMQ and
+# Redis started, or installed with apt as root, when missing; an embedded SeaweedFS S3), runs
+# examples/hello-numpy then examples/hello-pt with live progress, prints a summary and stops
+# everything it started. DEMO_ARGS="--record bench/results/demo.json" writes the wall time.
+demo: setup
+	$(VENV)/bin/fedhive demo $(DEMO_ARGS)
 
 # Each script prints JSON and writes bench/results/<name>.json; bench/RESULTS.md says how to read them.
 bench: setup infra

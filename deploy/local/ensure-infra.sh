@@ -2,6 +2,8 @@
 # Make sure the local RabbitMQ and Redis that tests and the demo use are installed and answering,
 # bound to 127.0.0.1 only. Installs them with apt on a Debian/Ubuntu machine that lacks them
 # (as root), (re)starts whichever does not answer, and waits until both do.
+# `fedhive poc start` (and so `make demo`) does the same in Python (fedhive/poc/infra.py): keep
+# the two in step.
 set -euo pipefail
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

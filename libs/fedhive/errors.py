@@ -118,6 +118,13 @@ class WorkflowFailed(FedhiveError):
     code = "WORKFLOW_FAILED"
 
 
+class PocFailed(FedhiveError):
+    """`fedhive poc` / `fedhive demo` cannot bring the local system up (or down): the message
+    names what is missing and the command that fixes it."""
+
+    code = "POC_FAILED"
+
+
 _BY_CODE: dict[str, type[FedhiveError]] = {}
 
 

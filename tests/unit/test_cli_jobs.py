@@ -63,6 +63,20 @@ def test_config_file_fills_what_options_leave_unset(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "ca.pem" in result.stderr
 
 
+def test_another_config_file_by_option_or_environment(tmp_path: Path) -> None:
+    """`--config FILE` / FEDHIVE_CONFIG (what `fedhive poc start` tells its user to export)
+    replace ~/.fedhive/config."""
+    env = _home(tmp_path, 'gateway = "home:1"\ntoken = "t"\nca_cert = "home-ca.pem"\n')
+    other = tmp_path / "poc" / "config"
+    other.parent.mkdir()
+    other.write_text('gateway = "poc:1"\ntoken = "t"\nca_cert = "poc-ca.pem"\n')
+    for args, extra in ((["--config", str(other)], {}), ([], {"FEDHIVE_CONFIG": str(other)})):
+        result = runner.invoke(app, [*args, "sites"], env={**env, **extra})
+        assert result.exit_code == 2 and "poc-ca.pem" in result.stderr, result.stderr
+    result = runner.invoke(app, ["sites"], env={**env, "FEDHIVE_CONFIG": ""})
+    assert result.exit_code == 2 and "home-ca.pem" in result.stderr
+
+
 @pytest.mark.parametrize(("content", "message"), [
     ("gateway = ", "invalid TOML"),
     ('gatway = "x"', "unknown key"),

@@ -1,9 +1,11 @@
-"""Where the CLI finds the gateway: options / environment first, then `~/.fedhive/config`.
+"""Where the CLI finds the gateway: options / environment first, then the config file
+(`--config FILE` or FEDHIVE_CONFIG, default `~/.fedhive/config`; `fedhive poc start` writes one
+for its admin).
 
 The global options of `fedhive` (`--gateway`, `--token`, `--ca-cert`, `--client-cert`,
 `--client-key`, `--tls`) read FEDHIVE_GATEWAY, FEDHIVE_TOKEN, FEDHIVE_GATEWAY_CA,
 FEDHIVE_CLIENT_CERT, FEDHIVE_CLIENT_KEY and FEDHIVE_GATEWAY_TLS through typer; what is still
-unset comes from the TOML file `~/.fedhive/config`:
+unset comes from the TOML config file:
 
     gateway = "gateway.example.org:50051"
     token = "fh_..."

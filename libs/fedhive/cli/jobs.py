@@ -25,6 +25,7 @@ from fedhive.jobs.status import JobStatus
 from fedhive.sdk import Session
 
 CONFIG_FILE = Path("~/.fedhive/config")
+CONFIG_FILE_KEY = "fedhive.config_file"  # ctx.meta: --config / FEDHIVE_CONFIG, None: CONFIG_FILE
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (a stable schema).")]
 JobId = Annotated[str, typer.Argument(help="The job's id.")]
 
@@ -44,10 +45,11 @@ def _print_json(value: Any) -> None:
 
 @contextmanager
 def _session(ctx: typer.Context) -> Iterator[Session]:
-    """A session from the global options (then ~/.fedhive/config); errors as one line."""
+    """A session from the global options (then the config file); errors as one line."""
     options: GatewayTarget = ctx.obj or GatewayTarget()
+    config_file: Path = ctx.meta.get(CONFIG_FILE_KEY) or CONFIG_FILE
     try:
-        session = options.merged(load_config_file(CONFIG_FILE.expanduser())).open()
+        session = options.merged(load_config_file(config_file.expanduser())).open()
     except ConfigError as err:
         raise _fail(f"error: {err}", 2) from None
     try:

@@ -4,6 +4,8 @@ Job and site commands (submit, jobs, job, clone, resume, delete, download, abort
 sites; metrics in cli/metrics.py) talk to the gateway through `fedhive.sdk.Session`
 (cli/jobs.py; where the gateway is: cli/connection.py).
 `validate` checks a job offline, `config` the service environment, `admin-token` makes a token.
+`poc start|status|stop` runs the whole system on this machine (cli/poc.py); `demo` runs the
+examples on it (cli/demo.py).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhive import __version__
-from fedhive.cli import jobs
+from fedhive.cli import jobs, poc
 from fedhive.cli.admins import admin_token
 from fedhive.cli.connection import GatewayTarget
+from fedhive.cli.demo import demo
+from fedhive.cli.jobs import CONFIG_FILE_KEY
 from fedhive.cli.metrics import metrics
 from fedhive.cli.validate import validate
 from fedhive.config import Settings
@@ -41,6 +45,8 @@ app.command("admin-token")(admin_token)
 for _command in (jobs.submit, jobs.jobs, jobs.job, jobs.clone, jobs.resume, jobs.delete,
                  jobs.download, jobs.abort, jobs.watch, metrics, jobs.sites):
     app.command()(_command)
+app.add_typer(poc.app, name="poc")
+app.command()(demo)
 
 
 @app.callback()
@@ -67,9 +73,14 @@ def gateway_options(
         "--tls/--no-tls", envvar="FEDHIVE_GATEWAY_TLS", help="TLS with the system's CAs.",
         show_envvar=True, show_default=False,
     )] = None,
+    config_file: Annotated[Path | None, typer.Option(
+        "--config", envvar="FEDHIVE_CONFIG", help="CLI config file (TOML).",
+        show_default="~/.fedhive/config", show_envvar=True, dir_okay=False,
+    )] = None,
 ) -> None:
-    """Where the gateway is; unset values come from ~/.fedhive/config (TOML)."""
+    """Where the gateway is; unset values come from the config file (~/.fedhive/config)."""
     ctx.obj = GatewayTarget(gateway or None, token or None, ca_cert, client_cert, client_key, tls)
+    ctx.meta[CONFIG_FILE_KEY] = config_file
 
 
 @app.command()

@@ -1,0 +1,247 @@
+"""`fedhive demo` (what `make demo` runs): a POC, then examples/hello-numpy and
+examples/hello-pt with live progress, a summary, and the POC stopped again.
+
+Live: one progress bar per job (status, round k/N, the last round's aggregate metrics) and a
+line per finished round, from the job record and the rounds `fedhive metrics` shows (polled
+through the SDK). Summary: rounds, final metrics (accuracy), time, where each result and
+training curve is. Exit 0 only if both jobs completed; 1 otherwise (one line says why); 130
+after Ctrl-C (or SIGTERM), which stops everything the demo started.
+
+`--record FILE` writes {"demo_seconds": from the command's start to both jobs finished, ...}
+(bench/results/demo.json for the benchmark figure).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import psutil
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fedhive.cli.metrics import plot_series, write_plot
+from fedhive.cli.poc import (
+    CtlOpt,
+    DirOpt,
+    _fail,
+    _settings,
+    interrupt_on_sigterm,
+    print_stopped,
+    run_start,
+)
+from fedhive.config import Settings
+from fedhive.errors import FedhiveError
+from fedhive.poc.demo import (
+    EXAMPLES,
+    JobProgress,
+    check_example_needs,
+    find_examples,
+    run_job,
+    save_result,
+)
+from fedhive.poc.layout import PocLayout
+from fedhive.poc.start import PocOptions
+from fedhive.poc.status import cli_token, poc_status
+from fedhive.poc.stop import shielded, stop_poc
+from fedhive.sdk import Session
+
+
+def demo(
+    directory: DirOpt = None,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535,
+                                      help="The gateway's port on 127.0.0.1.")] = 50051,
+    namespace: Annotated[str, typer.Option("--namespace", help="The POC's namespace.")] = "poc",
+    site_prefix: Annotated[str, typer.Option(
+        "--site-prefix", help="The two sites are PREFIX1 and PREFIX2.")] = "site-",
+    examples: Annotated[Path | None, typer.Option(
+        "--examples", help="Folder with hello-numpy and hello-pt.", show_default="./examples",
+        file_okay=False)] = None,
+    record: Annotated[Path | None, typer.Option(
+        "--record", metavar="FILE", help="Write the wall time to FILE (JSON, demo_seconds).",
+        dir_okay=False)] = None,
+    keep: Annotated[bool, typer.Option(
+        "--keep", help="Leave the POC running at the end (stop it with fedhive poc stop).")] =
+    False,
+    rabbitmqctl: CtlOpt = "rabbitmqctl",
+) -> None:
+    """Start a POC, run hello-numpy and hello-pt with live progress, summarise, stop the POC."""
+    began = psutil.Process().create_time()
+    console = Console()
+    settings = _settings()
+    try:
+        folder = find_examples(examples)
+        check_example_needs()
+    except FedhiveError as err:
+        raise _fail(str(err)) from None
+    interrupt_on_sigterm()
+    options = PocOptions(directory, 2, site_prefix, namespace, port,
+                         rabbitmqctl=tuple(shlex.split(rabbitmqctl)))
+    layout, gateway, token, started = _poc(options, settings, console)
+    poc_seconds = time.time() - began
+    jobs: list[JobProgress] = []
+    results: dict[str, Path] = {}
+    demo_seconds = 0.0
+    interrupted, error = False, ""
+    try:
+        with Session(gateway, token) as session:
+            jobs = _run_jobs(session, folder, console)
+            demo_seconds = time.time() - began
+            results = {job.job_id: save_result(session, job.job_id, layout.results)
+                       for job in jobs if job.completed}
+    except KeyboardInterrupt:
+        interrupted = True
+    except Exception as err:  # whatever it is, the POC is stopped before the one line
+        error = str(err) or type(err).__name__
+    _stop(layout, settings, options, started and not keep, console)
+    if interrupted:
+        raise _fail("interrupted: stopped everything the demo had started", 130)
+    if error:
+        raise _fail(f"the demo failed: {error}")
+    curves = {job.job_id: _curve(job, layout) for job in jobs}
+    _summary(console, jobs, results, curves, demo_seconds, layout, started and not keep)
+    if record is not None:
+        _record(record, demo_seconds, poc_seconds, jobs)
+    failed = [job for job in jobs if not job.completed]
+    if failed:
+        raise _fail("; ".join(f"{job.name} ended {job.status.value}: {job.reason}"
+                              for job in failed))
+
+
+def _poc(options: PocOptions, settings: Settings,
+         console: Console) -> tuple[PocLayout, str, str, bool]:
+    """A running POC in the folder is used (and left running); otherwise one is started."""
+    layout = PocLayout.at(options.root)
+    try:
+        shown = poc_status(layout)
+    except FedhiveError as err:
+        raise _fail(str(err)) from None
+    if shown["running"] and shown["healthy"]:
+        console.print(f"Using the POC running in {layout.root} (gateway {shown['gateway']}).")
+        token = cli_token(layout)
+        if token:
+            return layout, str(shown["gateway"]), token, False
+    console.print(f"[bold]Starting a POC[/] in {layout.root} …")
+    started = run_start(options, settings)
+    return started.layout, started.state.gateway, started.token, True
+
+
+def _run_jobs(session: Session, folder: Path, console: Console) -> list[JobProgress]:
+    bars = Progress(
+        SpinnerColumn(), TextColumn("[bold]{task.description:<12}"), BarColumn(),
+        TextColumn("{task.fields[rounds]:<11}"), TextColumn("{task.fields[status]:<20}"),
+        TextColumn("{task.fields[metrics]}"), TimeElapsedColumn(), console=console,
+        disable=not console.is_terminal,  # a log (CI, a pipe) gets the lines below only
+    )
+    tasks: dict[str, TaskID] = {}
+    shown: dict[str, tuple[int, str]] = {}  # job -> (rounds printed, status printed)
+    jobs = []
+
+    def update(job: JobProgress) -> None:
+        if job.job_id not in tasks:
+            tasks[job.job_id] = bars.add_task(job.name, total=None, rounds="round -/-",
+                                              status="", metrics="")
+            bars.console.print(f"{job.name}: submitted as job {job.job_id}", soft_wrap=True)
+            shown[job.job_id] = (0, "")
+        printed_rounds, printed_status = shown[job.job_id]
+        for entry in job.rounds[printed_rounds:]:
+            bars.console.print(f"{job.name}: round {entry.round + 1}/{entry.num_rounds} "
+                               f"{_metrics(entry.aggregate)} ({len(entry.sites)} sites)",
+                               soft_wrap=True)
+        if job.status.value != printed_status:
+            bars.console.print(f"{job.name}: {job.status.value}"
+                               f"{' — ' + job.reason if job.reason else ''}", soft_wrap=True)
+        shown[job.job_id] = (len(job.rounds), job.status.value)
+        total = job.num_rounds
+        bars.update(tasks[job.job_id], total=total, completed=job.done,
+                    rounds=f"round {job.done}/{total or '-'}", status=job.status.value,
+                    metrics=_metrics(job.final_metrics))
+        if job.ended is not None:
+            bars.stop_task(tasks[job.job_id])
+
+    with bars:
+        for name in EXAMPLES:
+            jobs.append(run_job(session, folder / name, update))
+    return jobs
+
+
+def _metrics(values: dict[str, Any]) -> str:
+    return " · ".join(f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"
+                      for name, value in values.items())
+
+
+def _stop(layout: PocLayout, settings: Settings, options: PocOptions, stop: bool,
+          console: Console) -> None:
+    if not stop:
+        return
+    console.print("Stopping the POC …")
+    with shielded():
+        try:
+            report = stop_poc(layout, settings, options.rabbitmqctl, infra_too=True)
+        except FedhiveError as err:
+            console.print(f"[red]stopping the POC: {err}[/]")
+            return
+    if report is not None:
+        print_stopped(report)
+
+
+def _curve(job: JobProgress, layout: PocLayout) -> Path | None:
+    series = plot_series(job.rounds)
+    if not series:
+        return None
+    path = layout.results / job.job_id / "curve.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        write_plot(path, job.job_id, series)
+    except (OSError, ValueError):
+        return None
+    return path
+
+
+def _summary(console: Console, jobs: list[JobProgress], results: dict[str, Path],
+             curves: dict[str, Path | None], seconds: float, layout: PocLayout,
+             stopped: bool) -> None:
+    table = Table("job", "status", "rounds", "final metrics", "time", title="fedhive demo")
+    table.columns[1].no_wrap = True
+    for job in jobs:
+        colour = "green" if job.completed else "red"
+        table.add_row(job.name, f"[{colour}]{job.status.value}[/]",
+                      f"{job.done}/{job.num_rounds or '-'}", _metrics(job.final_metrics),
+                      f"{job.seconds:.1f} s")
+    console.print(table)
+    accuracy = next((job.final_metrics.get("accuracy") for job in reversed(jobs)
+                     if isinstance(job.final_metrics.get("accuracy"), float)), None)
+    if accuracy is not None:
+        console.print(f"Final accuracy (hello-pt, held-out test split): [bold]{accuracy:.3f}[/]")
+    console.print(f"Wall time: [bold]{seconds:.1f} s[/] from `fedhive demo` to both jobs "
+                  "finished")
+    for job in jobs:
+        console.print(f"{job.name} (job {job.job_id}):", soft_wrap=True)
+        if job.job_id in results:
+            console.print(f"  result  {results[job.job_id]}  (metrics.json, model, logs)",
+                          soft_wrap=True)
+        curve = curves.get(job.job_id)
+        if curve is not None:
+            console.print(f"  curve   {curve}", soft_wrap=True)
+    again = "fedhive poc start" + ("" if layout == PocLayout.at(None) else
+                                   f" --dir {layout.root}")
+    use = f"export FEDHIVE_CONFIG={layout.cli_config}"
+    console.print(
+        "A job's training curve, any time: `fedhive metrics ID --plot curve.png` "
+        + (f"with the POC running (`{again}` brings it back with these jobs; then `{use}`)."
+           if stopped else f"(after `{use}`)."), soft_wrap=True)
+
+
+def _record(path: Path, demo_seconds: float, poc_seconds: float, jobs: list[JobProgress]) -> \
+        None:
+    values = {"demo_seconds": round(demo_seconds, 2), "poc_start_seconds": round(poc_seconds, 2),
+              "jobs": {job.name: {"seconds": round(job.seconds, 2), "status": job.status.value,
+                                  "rounds": job.done, "final_metrics": job.final_metrics}
+                       for job in jobs}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(values, indent=2) + "\n")

@@ -1,0 +1,163 @@
+"""The POC's RabbitMQ and Redis: what deploy/local/ensure-infra.sh does, as a library.
+
+Each is used where FEDHIVE_AMQP_URL / FEDHIVE_REDIS_URL point (default: the local one). A local
+one that does not answer is started, bound to 127.0.0.1 (installed first with apt when it is
+missing on a Debian/Ubuntu machine and this runs as root); anything else that cannot be done
+ends with one line naming the package and the command that fixes it. Remote ones are only
+checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from fedhive.config import Settings
+from fedhive.errors import PocFailed
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Service:
+    key: str  # "rabbitmq" | "redis"
+    title: str
+    variable: str  # the setting naming it
+    host: str
+    port: int
+    package: str  # Debian/Ubuntu package
+    binary: str
+
+    @property
+    def local(self) -> bool:
+        return self.host in LOCAL_HOSTS
+
+
+def services(settings: Settings) -> list[Service]:
+    amqp = urlsplit(settings.amqp_url)
+    redis = urlsplit(settings.redis_url)
+    tls_port = 5671 if amqp.scheme == "amqps" else 5672
+    found = [Service("rabbitmq", "RabbitMQ", "FEDHIVE_AMQP_URL", amqp.hostname or "127.0.0.1",
+                     amqp.port or tls_port, "rabbitmq-server", "rabbitmq-server")]
+    if redis.scheme != "unix":  # a socket: the user runs it; it is only checked by use
+        found.append(Service("redis", "Redis", "FEDHIVE_REDIS_URL", redis.hostname or "127.0.0.1",
+                             redis.port or 6379, "redis-server", "redis-server"))
+    return found
+
+
+def answers(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout):
+            return True
+    except OSError:
+        return False
+
+
+def install_hint(package: str) -> str:
+    if shutil.which("apt-get"):
+        return f"sudo apt-get install -y {package}"
+    if shutil.which("brew"):
+        return f"brew install {package.removesuffix('-server')}"
+    return f"install {package} with your package manager"
+
+
+def ensure(settings: Settings, say: Say, started: list[str]) -> None:
+    """Make RabbitMQ and Redis answer; appends the key of each one it starts to `started`
+    (before waiting for it: a failure later still knows to stop it)."""
+    for service in services(settings):
+        if answers(service.host, service.port):
+            continue
+        if not service.local:
+            raise PocFailed(f"{service.title} does not answer at {service.host}:{service.port} "
+                            f"({service.variable}): start it, or unset {service.variable} to use "
+                            "a local one")
+        _install(service, say)
+        say(f"starting {service.title} on 127.0.0.1:{service.port}")
+        _start(service)
+        started.append(service.key)
+        _wait(service, 30 if service.key == "redis" else 90)
+    if "rabbitmq" in started:
+        # the port answers before the node accepts users and permissions
+        subprocess.run(["rabbitmqctl", "await_startup", "--timeout", "60"], capture_output=True,
+                       timeout=90, check=False)
+
+
+def _install(service: Service, say: Say) -> None:
+    if shutil.which(service.binary):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise PocFailed(f"{service.title} is not installed ({service.binary} not found): "
+                        f"{install_hint(service.package)}")
+    say(f"installing {service.package} with apt")
+    policy = Path("/usr/sbin/policy-rc.d")  # keep the package's scripts from starting it
+    made = not policy.exists()
+    if made:
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+    try:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q",
+                                                  service.package]):
+            done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600,
+                                  check=False)
+            if done.returncode != 0:
+                last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["?"]
+                raise PocFailed(f"{' '.join(argv)} failed ({last[0]}): "
+                                f"{install_hint(service.package)}")
+    finally:
+        if made:
+            policy.unlink(missing_ok=True)
+
+
+def _start(service: Service) -> None:
+    if service.key == "redis":
+        argv = ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port",
+                str(service.port), "--save", "", "--appendonly", "no"]
+        env = dict(os.environ)
+    else:
+        argv = ["rabbitmq-server", "-detached"]
+        env = {**os.environ, "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+               "ERL_EPMD_ADDRESS": "127.0.0.1", "RABBITMQ_NODE_PORT": str(service.port)}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60,
+                          check=False, start_new_session=True)
+    if done.returncode != 0:
+        why = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["?"]
+        raise PocFailed(f"{service.title} did not start ({' '.join(argv[:2])}: {why[0]}): "
+                        f"start it yourself, e.g. `sudo {' '.join(argv[:2])}`")
+
+
+def _wait(service: Service, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not answers(service.host, service.port):
+        if time.monotonic() > deadline:
+            raise PocFailed(f"{service.title} did not answer on 127.0.0.1:{service.port} within "
+                            f"{seconds:.0f} s of starting: see its log, or start it yourself "
+                            f"(`sudo {service.binary}`)")
+        time.sleep(0.2)
+
+
+def stop(keys: list[str], settings: Settings) -> None:
+    """Stop the local RabbitMQ / Redis a POC start started (`poc stop --infra`)."""
+    for service in services(settings):
+        if service.key not in keys or not answers(service.host, service.port):
+            continue
+        if service.key == "redis":
+            import redis
+
+            client = redis.Redis.from_url(settings.redis_url)
+            with contextlib.suppress(redis.RedisError):
+                client.shutdown(nosave=True)  # the connection closes: an error, but done
+            client.close()
+        else:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(["rabbitmqctl", "shutdown"], capture_output=True, timeout=120,
+                               check=False)

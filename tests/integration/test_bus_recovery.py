@@ -8,6 +8,7 @@ from collections.abc import Callable
 from google.protobuf.message import Message
 
 from fedhive.bus import Delivery, RabbitBus
+from fedhive.errors import FedhiveError, Unavailable
 from fedhive.names import Names
 from fedhive.proto.v1 import site_pb2
 from tests.fixtures.bus import Broker, job_id
@@ -121,3 +122,27 @@ def test_heartbeats_flow_while_a_handler_runs_long(
     consumer.stop()  # an unacked message would go back to the queue now
     assert deliveries == [False]  # delivered once: the connection never dropped
     assert broker.drain(queue) == []  # and acked
+
+
+def test_a_call_waiting_when_its_bus_closes_ends_at_once(
+    make_bus: Callable[..., RabbitBus], namespace: str,
+) -> None:
+    bus = make_bus()
+    queue = Names(namespace).site_queue("silent")
+    bus.declare_queue(queue)  # routable, never answered
+    ended: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            bus.call(queue, site_pb2.CheckResourcesRequest(), site_pb2.CheckResourcesReply,
+                     timeout=60)
+        except FedhiveError as err:
+            ended.append(err)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    wait_for(lambda: caller.is_alive(), what="the call to be waiting")
+    bus.close()
+    caller.join(timeout=20)  # far below the call's own 60 s timeout
+    assert not caller.is_alive(), "the call kept waiting after its bus closed"
+    assert len(ended) == 1 and isinstance(ended[0], Unavailable), ended

@@ -123,6 +123,10 @@ class GuardedConnection:
         return self._channel
 
     @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    @property
     def connection(self) -> pika.BlockingConnection | None:
         return self._connection
 

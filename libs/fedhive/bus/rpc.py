@@ -101,6 +101,8 @@ class RpcClient:
                 else:
                     pending[correlation_id] = target
             while pending and (left := deadline - time.monotonic()) > 0:
+                if self._conn.closed:  # the process is shutting down: no reply will come
+                    break
                 self._wait(min(left, SLICE))
                 with self._arrived:
                     arrived = [c for c in pending if c in self._replies]
@@ -117,7 +119,10 @@ class RpcClient:
                 for correlation_id in pending:
                     self._replies.pop(correlation_id, None)
         for target in pending.values():
-            results[target] = RpcTimeout(f"no reply from {target} within {timeout}s", field=target)
+            results[target] = (
+                Unavailable(f"the bus closed while waiting for {target}", field=target)
+                if self._conn.closed
+                else RpcTimeout(f"no reply from {target} within {timeout}s", field=target))
         return results
 
     def close(self) -> None:
@@ -183,7 +188,8 @@ class RpcClient:
             log.info("bus.rpc_connection_lost", error=repr(err))
             self._conn.reset()
         except Unavailable as err:  # broker still away: callers time out on their own deadline
-            log.warning("bus.rpc_unavailable", error=str(err))
+            if not self._conn.closed:
+                log.warning("bus.rpc_unavailable", error=str(err))
         finally:
             self._conn.lock.release()
 

@@ -27,6 +27,9 @@ class Settings:
     amqp_url: str = field(default="amqp://guest:guest@127.0.0.1:5672/%2F", repr=False)
     redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
     s3_endpoint_url: str | None = None  # None: real AWS S3
+    # Where sites reach S3, when not at `s3_endpoint_url` (another address, a proxy): presigned
+    # URLs handed to sites are signed for it. None: the same as `s3_endpoint_url`.
+    s3_public_endpoint_url: str | None = None
     s3_bucket: str = "fedhive"
     s3_region: str = "us-east-1"
     aws_access_key_id: str | None = field(default=None, repr=False)
@@ -80,6 +83,12 @@ class Settings:
             None
             if endpoint is None
             else _url("FEDHIVE_S3_ENDPOINT_URL", endpoint, ("http", "https"))
+        )
+        public = get("FEDHIVE_S3_PUBLIC_ENDPOINT_URL", None)
+        values["s3_public_endpoint_url"] = (
+            None
+            if public is None
+            else _url("FEDHIVE_S3_PUBLIC_ENDPOINT_URL", public, ("http", "https"))
         )
         level = (get("FEDHIVE_LOG_LEVEL", defaults.log_level) or "").upper()
         if level not in _LOG_LEVELS:

@@ -1,5 +1,5 @@
-"""The tensor codec against real S3: every dtype, numpy and torch, through the inline, shard and
-own-object paths, read with credentials and through presigned URLs only."""
+"""The tensor codec against real S3: every dtype, numpy and torch, inline and stored at content
+keys, read with credentials and through presigned URLs only; content keys dedupe."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from fedhive.blobs import (
     TensorKind,
     TensorRef,
     bundle_to_proto,
+    content_key,
     unpack,
 )
 from fedhive.config import Settings
@@ -33,9 +34,9 @@ NUMPY_DTYPES = ["float16", "float32", "float64", "int8", "int16", "int32", "int6
                 "uint16", "uint32", "uint64", "complex64", "complex128", "bool"]
 TORCH_DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
                 "uint8", "complex64", "bool"]
-# Small thresholds keep the suite fast while exercising all three paths and multi-part reads.
-INLINE, OWN, SHARD, PART = 256, 8 * 1024, 32 * 1024, 4 * 1024
-SHAPES = {"inline": (4, 4), "shard": (10, 30), "own": (70, 130)}
+# Small thresholds keep the suite fast while exercising both paths and multi-part reads.
+INLINE, PART = 256, 4 * 1024
+SHAPES = {"inline": (4, 4), "small": (10, 30), "stored": (70, 130)}
 
 
 @pytest.fixture(params=["store", "url"])
@@ -46,10 +47,7 @@ def via(request: pytest.FixtureRequest) -> Via:
 
 @pytest.fixture
 def small_codec(blob_store: BlobStore, settings: Settings) -> Iterator[TensorCodec]:
-    codec = TensorCodec(
-        blob_store, settings, inline_threshold=INLINE, own_object_threshold=OWN,
-        shard_size=SHARD, part_size=PART,
-    )
+    codec = TensorCodec(blob_store, settings, inline_threshold=INLINE, part_size=PART)
     yield codec
     codec.close()
 
@@ -78,9 +76,7 @@ def raw_bytes(value: Any) -> bytes:
 
 
 def path_of(ref: TensorRef) -> str:
-    if ref.is_inline:
-        return "inline"
-    return "own" if ref.key.endswith(".tensor") else "shard"
+    return "inline" if ref.is_inline else "stored"
 
 
 def assert_same(got: Any, want: Any) -> None:
@@ -95,7 +91,7 @@ def round_trip_every_path(codec: TensorCodec, prefix: str, make: Any, kind: Tens
     """One pack holding this dtype on each path, read back with credentials and by URL."""
     model = {path: make(dtype, shape, seed) for seed, (path, shape) in enumerate(SHAPES.items())}
     refs = codec.pack(model, prefix)
-    assert [path_of(r) for r in refs] == list(SHAPES)
+    assert [path_of(r) for r in refs] == ["inline", "stored", "stored"]
     assert all(r.kind is kind and r.dtype == dtype for r in refs)
     for via in ("store", "url"):
         back = codec.unpack(refs, via=via)
@@ -122,9 +118,9 @@ def test_a_model_mixing_all_paths_in_one_pack(
     model["bias"] = torch.arange(7, dtype=torch.int64)
     refs = small_codec.pack(model, tensor_prefix)
     assert [r.name for r in refs] == list(model)
-    shards = {r.key for r in refs if path_of(r) == "shard"}
-    assert len(shards) >= 2  # 12 x 8000 bytes do not fit one 32 KiB shard
-    assert len({r.url for r in refs if r.key in shards}) == len(shards)  # one URL per object
+    stored = [r for r in refs if not r.is_inline]
+    assert len({r.key for r in stored}) == len(stored) == 13  # one object per tensor
+    assert all(r.offset == 0 and r.url for r in stored)
     back = small_codec.unpack(refs, via=via)
     for name, value in model.items():
         assert_same(back[name], np.asarray(value) if isinstance(value, np.generic) else value)
@@ -222,7 +218,7 @@ def test_trainer_process_unpacks_with_presigned_urls_only(
     assert done.stdout.decode() == expected
 
 
-@pytest.mark.parametrize("shape", [SHAPES["shard"], SHAPES["own"]])
+@pytest.mark.parametrize("shape", [SHAPES["small"], SHAPES["stored"]])
 def test_object_overwritten_behind_the_ref_is_a_checksum_mismatch(
     blob_store: BlobStore, small_codec: TensorCodec, tensor_prefix: str, via: Via,
     shape: tuple[int, ...],
@@ -251,7 +247,7 @@ def test_tampered_inline_bytes_are_a_checksum_mismatch(
 def test_deleted_object_is_blob_not_found(
     blob_store: BlobStore, small_codec: TensorCodec, tensor_prefix: str, via: Via
 ) -> None:
-    (ref,) = small_codec.pack({"w": random_numpy("float32", SHAPES["own"])}, tensor_prefix)
+    (ref,) = small_codec.pack({"w": random_numpy("float32", SHAPES["stored"])}, tensor_prefix)
     blob_store.delete(ref.key)
     with pytest.raises(BlobNotFound, match=ref.key):
         small_codec.unpack([ref], via=via)
@@ -294,7 +290,67 @@ def test_default_codec_inlines_small_tensors_within_a_budget(
     model = {f"t{i}": np.full(256 * 1024, i, dtype=np.float32) for i in range(20)}  # 1 MiB each
     refs = codec.pack(model, tensor_prefix)
     inline = [r for r in refs if r.is_inline]
-    assert len(inline) == 16  # 16 MiB inline budget (8 x the 2 MiB threshold), rest sharded
-    assert all(path_of(r) == "shard" for r in refs if not r.is_inline)
+    assert len(inline) == 16  # 16 MiB inline budget (8 x the 2 MiB threshold), rest stored
+    assert all(path_of(r) == "stored" for r in refs if not r.is_inline)
     back = codec.unpack(refs)
     assert all(np.array_equal(back[n], v) for n, v in model.items())
+
+
+def test_keys_carry_the_content_hash(small_codec: TensorCodec, tensor_prefix: str) -> None:
+    model = {f"t{i}": random_numpy("float32", (30, 40), i) for i in range(3)}
+    refs = small_codec.pack(model, tensor_prefix)
+    for ref in refs:
+        digest = ref.checksum.removeprefix("sha256:")
+        assert ref.checksum == f"sha256:{digest}" and len(digest) == 64
+        assert ref.key == content_key(tensor_prefix, ref.checksum)
+        assert ref.key == f"{tensor_prefix}sha256/{digest}"
+    assert len({ref.key for ref in refs}) == 3
+
+
+def test_packing_the_same_tensor_twice_uploads_it_once(
+    blob_store: BlobStore, small_codec: TensorCodec, tensor_prefix: str, via: Via
+) -> None:
+    weights = random_numpy("float32", (70, 130), 7)
+    refs = small_codec.pack({"a": weights, "b": weights.copy()}, tensor_prefix)
+    assert refs[0].key == refs[1].key
+    assert small_codec.stats.objects_uploaded == 1
+    assert small_codec.stats.bytes_uploaded == weights.nbytes
+    again = small_codec.pack({"c": weights}, tensor_prefix)
+    assert again[0].key == refs[0].key
+    stats = small_codec.stats
+    assert (stats.objects_uploaded, stats.objects_present) == (1, 1)  # found by HEAD: skipped
+    back = small_codec.unpack(refs + again, via=via)
+    for name in "abc":
+        assert_same(back[name], weights)
+    back["a"][0, 0] += 1  # the names share one download, not one array
+    assert back["b"][0, 0] == weights[0, 0] == back["c"][0, 0]
+
+
+def test_two_packs_sharing_tensors_share_objects(
+    blob_store: BlobStore, settings: Settings, small_codec: TensorCodec, tensor_prefix: str
+) -> None:
+    frozen = {f"frozen{i}": random_numpy("float32", (50, 60), i) for i in range(3)}
+    round1 = small_codec.pack({**frozen, "head": random_numpy("float32", (50, 60), 10)},
+                              tensor_prefix)
+    other = TensorCodec(blob_store, settings, inline_threshold=INLINE)  # another process's codec
+    try:
+        round2 = other.pack({**frozen, "head": random_numpy("float32", (50, 60), 11)},
+                            tensor_prefix)
+        assert (other.stats.objects_uploaded, other.stats.objects_present) == (1, 3)
+    finally:
+        other.close()
+    assert [r.key for r in round1[:3]] == [r.key for r in round2[:3]]
+    assert round1[3].key != round2[3].key  # changed content: another object, the first kept
+    assert_same(small_codec.unpack(round1)["head"], random_numpy("float32", (50, 60), 10))
+
+
+def test_a_content_object_of_the_wrong_size_is_rewritten(
+    blob_store: BlobStore, small_codec: TensorCodec, tensor_prefix: str
+) -> None:
+    weights = random_numpy("float32", (70, 130), 3)
+    (ref,) = small_codec.pack({"w": weights}, tensor_prefix)
+    blob_store.put(ref.key, b"truncated")  # what a broken upload could have left there
+    (again,) = small_codec.pack({"w": weights}, tensor_prefix)
+    assert again.key == ref.key
+    assert small_codec.stats.objects_uploaded == 2
+    assert_same(small_codec.unpack([again])["w"], weights)

@@ -114,6 +114,8 @@ EXPIRED = (b'<?xml version="1.0"?><Error><Code>AccessDenied</Code>'
         (500, "InternalError", "", Unavailable, "500"),
         (429, "", "", Unavailable, "429"),
         (409, "Conflict", "x", FedhiveError, "409"),
+        (404, "NoSuchUpload", "", InvalidArgument, "no such multipart upload"),
+        (400, "InvalidPart", "etag mismatch", InvalidArgument, "InvalidPart: etag mismatch"),
     ],
 )
 def test_s3_failures_are_typed_and_name_the_key(

@@ -50,6 +50,8 @@ def test_secrets_are_not_in_repr() -> None:
         ("FEDHIVE_REDIS_URL", "memcached://localhost"),
         ("FEDHIVE_REDIS_URL", "redis://"),
         ("FEDHIVE_S3_ENDPOINT_URL", "ftp://minio:9000"),
+        ("FEDHIVE_S3_PUBLIC_ENDPOINT_URL", "s3.example.com:9000"),
+        ("FEDHIVE_S3_PUBLIC_ENDPOINT_URL", "https://"),
         ("FEDHIVE_S3_BUCKET", "Bad_Bucket"),
         ("FEDHIVE_NAMESPACE", "has space"),
         ("FEDHIVE_NAMESPACE", "x" * 41),
@@ -69,6 +71,16 @@ def test_invalid_setting_names_the_variable(variable: str, value: str) -> None:
     else:
         assert variable in message
         assert caught.value.field == variable
+
+
+def test_public_s3_endpoint_defaults_to_the_endpoint_and_is_a_url() -> None:
+    assert Settings.from_env({}).s3_public_endpoint_url is None  # sites use s3_endpoint_url
+    settings = Settings.from_env({
+        "FEDHIVE_S3_ENDPOINT_URL": "http://seaweedfs:8333",
+        "FEDHIVE_S3_PUBLIC_ENDPOINT_URL": "https://s3.fl.example.org",
+    })
+    assert settings.s3_endpoint_url == "http://seaweedfs:8333"
+    assert settings.s3_public_endpoint_url == "https://s3.fl.example.org"
 
 
 def test_blank_values_mean_default() -> None:

@@ -1,27 +1,46 @@
 """S3 blobs: the store port and adapter, presigned-URL access and the tensor codec (DESIGN §5)."""
 
-from fedhive.blobs.codec import TensorCodec, unpack
+from fedhive.blobs.cache import TensorCache
+from fedhive.blobs.codec import PackStats, TensorCodec
 from fedhive.blobs.dtypes import DTYPES, bfloat16_bits_to_float32
-from fedhive.blobs.http import PresignedFetcher
-from fedhive.blobs.port import BlobLocation, BlobStore, PresignedUrl, RangeFetcher
+from fedhive.blobs.http import HttpPool, PresignedFetcher, Resign
+from fedhive.blobs.keys import content_key
+from fedhive.blobs.port import (
+    BlobLocation,
+    BlobStore,
+    MultipartGrant,
+    PresignedUrl,
+    RangeFetcher,
+    UrlPreparer,
+)
 from fedhive.blobs.ref import TensorKind, TensorRef
 from fedhive.blobs.s3 import S3BlobStore
 from fedhive.blobs.serde import bundle_from_proto, bundle_to_proto, ref_from_proto, ref_to_proto
+from fedhive.blobs.unpack import unpack
+from fedhive.blobs.upload import PresignedUploader
 
 __all__ = [
     "DTYPES",
     "BlobLocation",
     "BlobStore",
+    "HttpPool",
+    "MultipartGrant",
+    "PackStats",
     "PresignedFetcher",
+    "PresignedUploader",
     "PresignedUrl",
     "RangeFetcher",
+    "Resign",
     "S3BlobStore",
+    "TensorCache",
     "TensorCodec",
     "TensorKind",
     "TensorRef",
+    "UrlPreparer",
     "bfloat16_bits_to_float32",
     "bundle_from_proto",
     "bundle_to_proto",
+    "content_key",
     "ref_from_proto",
     "ref_to_proto",
     "unpack",

@@ -1,9 +1,10 @@
 """Checksums of tensor bytes, written as "<algorithm>:<hex digest>".
 
-sha256 is the default: it is a cryptographic hash, so an overwritten or corrupted object cannot
-pass by accident (a CRC could, and S3's own checksums do not cover ranges of shard objects),
-and on CPUs with SHA extensions hashlib's OpenSSL sha256 runs at ~1.4 GB/s, over twice
-blake2b's speed on the same machine. hashlib releases the GIL, so hashing overlaps transfers.
+sha256 is the default, and the hash that names stored objects (`fedhive.blobs.content_key`):
+it is a cryptographic hash, so an overwritten or corrupted object cannot pass by accident (a CRC
+could, and S3's own checksums do not cover ranged reads), and on CPUs with SHA extensions
+hashlib's OpenSSL sha256 runs at ~1.4 GB/s, over twice blake2b's speed on the same machine.
+hashlib releases the GIL, so hashing overlaps transfers.
 """
 
 from __future__ import annotations

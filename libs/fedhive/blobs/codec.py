@@ -1,32 +1,40 @@
 """The tensor codec: the only way tensors cross a process boundary in fedhive (DESIGN §5).
 
     codec = TensorCodec(store, settings)
-    refs = codec.pack({"w": array, "b": tensor}, Names(ns).tensor_prefix(job_id))
+    refs = codec.pack({"w": array, "b": tensor}, Names(ns).job_tensor_prefix(job_id))
     tensors = codec.unpack(refs)                 # credentialed reader
     tensors = unpack(refs, PresignedFetcher())   # a trainer: presigned URLs only
 
-`pack` sends each array down one of three paths, decided by its size in bytes:
+`pack` sends each array down one of two paths, decided by its size in bytes:
 * inline: nbytes <= `inline_threshold` (default `settings.inline_threshold`, 2 MiB; 0 disables)
   -> the bytes travel inside the ref. A pack inlines at most `inline_budget` bytes in total
   (default 8x the threshold) so a model of many small arrays cannot swell one broker message
-  past the broker's limit; the rest take the shard path. Empty arrays are always inline.
-* shard: below `own_object_threshold` (16 MiB) -> packed back to back into shard objects of up
-  to `shard_size` (64 MiB); each ref addresses its bytes by offset/length.
-* own object: the rest -> one object each, uploaded multipart with parallel parts.
-Objects live under `{prefix}{pack id}/`: a random pack id, so a second pack never overwrites
-objects that earlier refs point at. Every ref carries a sha256 of the array's bytes (see
-`checksum`) and a presigned GET URL valid for `url_ttl` seconds.
+  past the broker's limit; the rest are stored. Empty arrays are always inline.
+* stored: one object per distinct content, at `content_key(prefix, sha256)` =
+  `{prefix}sha256/<hex>`. An object that exists already (HEAD, with the right size) is not
+  uploaded again, and a key is never given other bytes: a ref can never see a mix of rounds,
+  and a tensor that did not change between rounds (frozen layers) is uploaded once per job and
+  recognised by a trainer's `TensorCache`. (Content addressing per tensor is also why there
+  are no shard objects packing several tensors together: a shard's key would depend on all of
+  its members, so one changed tensor would re-upload all of them.)
 
-`unpack` allocates one buffer per tensor, has parallel ranged GETs write straight into it
-(neighbouring shard members share one request), hashes each part as soon as it lands while
-later parts still download, and returns numpy arrays / torch tensors over those buffers.
+Every ref carries the sha256 of the array's bytes (see `checksum`) and a presigned GET URL
+valid for `url_ttl` seconds. The key depends on the hash, so hashing runs ahead of uploading:
+the calling thread hashes tensor i+1 while tensor i uploads (hashlib releases the GIL).
+Objects of at least `large_object` bytes upload one at a time, their parts in parallel (the
+store's multipart upload); smaller ones `workers` at a time. A failed pack deletes nothing:
+its objects may already be shared with other refs; they go with the job's tensor prefix.
+
+`unpack` (see `fedhive.blobs.unpack`) allocates one buffer per tensor, has parallel ranged
+GETs write straight into it, verifies checksums and returns numpy arrays / torch tensors
+over those buffers.
 """
 
 from __future__ import annotations
 
-import secrets
+import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,20 +42,16 @@ import numpy as np
 import structlog
 
 from fedhive.blobs import checksum
-from fedhive.blobs.dtypes import (
-    ByteArray,
-    bytes_to_numpy,
-    bytes_to_torch,
-    is_torch_tensor,
-    numpy_to_bytes,
-    torch_to_bytes,
-)
+from fedhive.blobs.cache import TensorCache
+from fedhive.blobs.dtypes import ByteArray, is_torch_tensor, numpy_to_bytes, torch_to_bytes
 from fedhive.blobs.http import PresignedFetcher
-from fedhive.blobs.port import BlobLocation, BlobStore, RangeFetcher
+from fedhive.blobs.keys import content_key
+from fedhive.blobs.port import BlobStore, RangeFetcher
 from fedhive.blobs.ref import TensorKind, TensorRef
-from fedhive.blobs.transfer import MiB, RangeRead, Segment, as_byte_view, plan_reads, run_reads
+from fedhive.blobs.transfer import MiB, as_byte_view
+from fedhive.blobs.unpack import unpack
 from fedhive.config import Settings
-from fedhive.errors import ChecksumMismatch, FedhiveError, InvalidArgument
+from fedhive.errors import BlobNotFound, InvalidArgument
 
 log = structlog.get_logger()
 
@@ -59,8 +63,17 @@ class _Planned:
     dtype: str
     shape: tuple[int, ...]
     kind: TensorKind
-    key: str = ""  # "" = inline
-    offset: int = 0
+    inline: bool = False
+
+
+@dataclass(frozen=True)
+class PackStats:
+    """What a codec's packs did to storage, cumulative (for tests and benchmarks)."""
+
+    objects_uploaded: int = 0
+    bytes_uploaded: int = 0
+    objects_present: int = 0  # found stored already: not uploaded again
+    bytes_present: int = 0
 
 
 class TensorCodec:
@@ -71,61 +84,80 @@ class TensorCodec:
         *,
         inline_threshold: int | None = None,
         inline_budget: int | None = None,
-        own_object_threshold: int = 16 * MiB,
-        shard_size: int = 64 * MiB,
         url_ttl: int = 3600,
         workers: int = 8,
         part_size: int = 8 * MiB,
+        large_object: int = 16 * MiB,
     ) -> None:
         self._store = store
         self._inline_threshold = (
             settings.inline_threshold if inline_threshold is None else inline_threshold
         )
         self._inline_budget = 8 * self._inline_threshold if inline_budget is None else inline_budget
-        self._own_threshold = own_object_threshold
-        self._shard_size = max(shard_size, own_object_threshold)
         self._url_ttl = url_ttl
-        self._workers = workers
+        self._workers = max(1, workers)
         self._part_size = part_size
+        self._large = large_object
         self._urls = PresignedFetcher()
+        self._lock = threading.Lock()
+        self._stats = PackStats()
+
+    @property
+    def stats(self) -> PackStats:
+        with self._lock:
+            return self._stats
+
+    @property
+    def inline_threshold(self) -> int:
+        return self._inline_threshold
+
+    @property
+    def inline_budget(self) -> int:
+        return self._inline_budget
 
     def close(self) -> None:
         self._urls.close()
 
     def pack(self, tensors: Mapping[str, Any], prefix: str) -> list[TensorRef]:
-        """Upload what does not travel inline; return one ref per tensor, in input order."""
+        """Store what does not travel inline (at content keys under `prefix`, skipping objects
+        that exist); return one ref per tensor, in input order."""
         if not prefix:
             raise InvalidArgument("tensor prefix is empty", field="prefix")
-        planned, objects = self._plan(tensors, f"{prefix}{secrets.token_hex(6)}/")
-        uploaded: list[str] = []
-
-        def upload_all() -> None:
-            for key, views in objects.items():
-                self._store.put(key, views)
-                uploaded.append(key)
-
-        try:
-            with ThreadPoolExecutor(max_workers=1) as uploader:
-                upload = uploader.submit(upload_all)
-                digests = [checksum.digest(item.flat) for item in planned]  # overlaps upload
-                upload.result()
-            urls = {key: self._store.presign_get(key, self._url_ttl) for key in objects}
-        except BaseException:
-            self._discard(uploaded)
-            raise
+        planned = self._plan(tensors)
+        digests: list[str] = []
+        uploads: dict[str, Future[None]] = {}
+        with ThreadPoolExecutor(self._workers) as small, ThreadPoolExecutor(1) as large:
+            try:
+                for item in planned:
+                    digest = checksum.digest(item.flat)  # overlaps the uploads already running
+                    digests.append(digest)
+                    if item.inline:
+                        continue
+                    key = content_key(prefix, digest)
+                    if key not in uploads:
+                        lane = large if item.flat.nbytes >= self._large else small
+                        uploads[key] = lane.submit(self._store_once, key, item.flat)
+                for future in uploads.values():
+                    future.result()
+            except BaseException:
+                for future in uploads.values():
+                    future.cancel()
+                raise  # leaving the pools' `with` waits for the uploads already running
+        urls = {key: self._store.presign_get(key, self._url_ttl) for key in uploads}
         refs = []
         for item, digest in zip(planned, digests, strict=True):
-            url = urls.get(item.key)
+            key = "" if item.inline else content_key(prefix, digest)
+            url = urls.get(key)
             refs.append(
                 TensorRef(
                     name=item.name, dtype=item.dtype, shape=item.shape, kind=item.kind,
-                    key=item.key, url=url.url if url else "",
+                    key=key, url=url.url if url else "",
                     url_expires_at_ms=url.expires_at_ms if url else 0,
-                    offset=item.offset, length=item.flat.nbytes, checksum=digest,
-                    inline_data=b"" if item.key else item.flat.tobytes(),
+                    length=item.flat.nbytes, checksum=digest,
+                    inline_data=item.flat.tobytes() if item.inline else b"",
                 )
             )
-        log.debug("tensors packed", prefix=prefix, tensors=len(refs), objects=len(objects))
+        log.debug("tensors packed", prefix=prefix, tensors=len(refs), objects=len(uploads))
         return refs
 
     def unpack(
@@ -134,18 +166,16 @@ class TensorCodec:
         *,
         via: Literal["store", "url"] = "store",
         kind: TensorKind | None = None,
+        cache: TensorCache | None = None,
     ) -> dict[str, Any]:
         """Materialise refs, reading with the store's credentials or the refs' presigned URLs."""
         fetcher: RangeFetcher = self._store if via == "store" else self._urls
-        return unpack(refs, fetcher, kind=kind, workers=self._workers, part_size=self._part_size)
+        return unpack(refs, fetcher, kind=kind, workers=self._workers,
+                      part_size=self._part_size, cache=cache)
 
-    def _plan(
-        self, tensors: Mapping[str, Any], base: str
-    ) -> tuple[list[_Planned], dict[str, list[memoryview]]]:
+    def _plan(self, tensors: Mapping[str, Any]) -> list[_Planned]:
         planned: list[_Planned] = []
-        objects: dict[str, list[memoryview]] = {}
-        inline_used = shard_fill = 0
-        shard_key = ""
+        inline_used = 0
         for name, value in tensors.items():
             item = _flatten(name, value)
             size = item.flat.nbytes
@@ -153,79 +183,34 @@ class TensorCodec:
                 size <= self._inline_threshold and inline_used + size <= self._inline_budget
             ):
                 inline_used += size
-            elif size >= self._own_threshold:
-                item.key = f"{base}{len(objects):05d}.tensor"
-                objects[item.key] = [as_byte_view(item.flat)]
-            else:
-                if not shard_key or shard_fill + size > self._shard_size:
-                    shard_key, shard_fill = f"{base}{len(objects):05d}.shard", 0
-                    objects[shard_key] = []
-                item.key, item.offset = shard_key, shard_fill
-                objects[shard_key].append(as_byte_view(item.flat))
-                shard_fill += size
+                item.inline = True
             planned.append(item)
-        return planned, objects
+        return planned
 
-    def _discard(self, keys: list[str]) -> None:
-        for key in keys:
-            try:
-                self._store.delete(key)
-            except FedhiveError as err:
-                log.warning("could not delete blob of a failed pack", key=key, error=str(err))
+    def _store_once(self, key: str, flat: ByteArray) -> None:
+        """Upload `flat` to its content key unless the object is there already. An object of
+        the wrong size at a content key is corrupt (it can only ever hold these bytes): it is
+        replaced, which no reader can mind."""
+        try:
+            stored = self._store.size(key)
+        except BlobNotFound:
+            stored = -1
+        if stored == flat.nbytes:
+            self._count(present=stored)
+            return
+        if stored >= 0:
+            log.warning("content object has the wrong size; rewriting it", key=key,
+                        size=stored, expected=flat.nbytes)
+        self._store.put(key, [as_byte_view(flat)])
+        self._count(uploaded=flat.nbytes)
 
-
-def unpack(
-    refs: Sequence[TensorRef],
-    fetcher: RangeFetcher,
-    *,
-    kind: TensorKind | None = None,
-    workers: int = 8,
-    part_size: int = 8 * MiB,
-) -> dict[str, Any]:
-    """name -> numpy array / torch tensor (per ref `kind`, or `kind` for all), checksums verified.
-
-    Raises ChecksumMismatch naming the tensor and key when bytes differ from the ref (including
-    an object that became shorter), BlobNotFound / BlobAccessDenied from the fetcher.
-    """
-    names = [ref.name for ref in refs]
-    if len(set(names)) != len(names):
-        raise InvalidArgument("tensor refs repeat a name", field="name")
-    buffers = [np.empty(ref.length, dtype=np.uint8) for ref in refs]
-    hashers = [checksum.hasher_for(ref.checksum, ref.name) for ref in refs]
-    segments = []
-    for tag, (ref, buffer) in enumerate(zip(refs, buffers, strict=True)):
-        if ref.is_inline:
-            buffer[:] = np.frombuffer(ref.inline_data, dtype=np.uint8)
-            hashers[tag].update(buffer)
-        else:
-            where = BlobLocation(ref.key, ref.url)
-            segments.append(Segment(where, ref.offset, as_byte_view(buffer), tag))
-
-    def hash_landed(read: RangeRead) -> None:
-        for piece, tag in read.pieces:
-            hashers[tag].update(piece)
-
-    try:
-        run_reads(fetcher, plan_reads(segments, part_size), workers, hash_landed)
-    except InvalidArgument as err:
-        victim = next((ref for ref in refs if ref.key and ref.key == err.field), None)
-        if victim is None:
-            raise
-        raise ChecksumMismatch(
-            f"tensor {victim.name!r}: blob {victim.key} no longer holds the ref's byte range",
-            field=victim.name,
-        ) from err
-    for ref, hasher in zip(refs, hashers, strict=True):
-        if not checksum.matches(ref.checksum, hasher):
-            raise ChecksumMismatch(
-                f"tensor {ref.name!r}: bytes from {'blob ' + ref.key if ref.key else 'inline data'}"
-                f" do not match checksum {ref.checksum[:24]}...",
-                field=ref.name,
+    def _count(self, *, uploaded: int = -1, present: int = -1) -> None:
+        with self._lock:
+            s = self._stats
+            self._stats = PackStats(
+                s.objects_uploaded + (uploaded >= 0), s.bytes_uploaded + max(uploaded, 0),
+                s.objects_present + (present >= 0), s.bytes_present + max(present, 0),
             )
-    return {
-        ref.name: _materialise(buffer, ref, kind or ref.kind)
-        for ref, buffer in zip(refs, buffers, strict=True)
-    }
 
 
 def _flatten(name: str, value: Any) -> _Planned:
@@ -240,9 +225,3 @@ def _flatten(name: str, value: Any) -> _Planned:
         f"tensor {name!r} is a {type(value).__name__}, not a numpy array or torch tensor",
         field=name,
     )
-
-
-def _materialise(buffer: ByteArray, ref: TensorRef, kind: TensorKind) -> Any:
-    if kind is TensorKind.TORCH:
-        return bytes_to_torch(buffer, ref.dtype, ref.shape)
-    return bytes_to_numpy(buffer, ref.dtype, ref.shape)

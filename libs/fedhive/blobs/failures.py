@@ -19,6 +19,8 @@ from fedhive.errors import (
 
 _THROTTLED = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                         "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"})
+_BAD_MULTIPART = frozenset({"InvalidPart", "InvalidPartOrder", "EntityTooSmall", "NoSuchUpload",
+                            "MalformedXML"})
 _AUTH_400 = frozenset({"ExpiredToken", "AuthorizationQueryParametersError", "InvalidToken",
                        "TokenRefreshRequired"})
 
@@ -34,6 +36,9 @@ def parse_error_document(body: bytes) -> tuple[str, str]:
 
 def s3_failure(status: int, code: str, message: str, key: str, action: str) -> FedhiveError:
     """The typed error for a failed S3 request on `key` (`action` is e.g. "reading")."""
+    if code in _BAD_MULTIPART:
+        detail = "no such multipart upload" if code == "NoSuchUpload" else f"{code}: {message}"
+        return InvalidArgument(f"{action} blob {key}: {detail}".strip(), field=key)
     if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound"):
         what = "bucket" if code == "NoSuchBucket" else "object"
         return BlobNotFound(f"{what} not found {action} blob {key}", field=key)

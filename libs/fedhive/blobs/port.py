@@ -3,14 +3,15 @@
 `RangeFetcher` is the one download primitive (fill caller-owned buffers from a byte range of an
 object). The credentialed `BlobStore` implements it through the S3 API; processes without S3
 credentials (trainers, sites) use `fedhive.blobs.http.PresignedFetcher`, which reads the
-presigned URL carried by the ref.
+presigned URL carried by the ref, and upload with `fedhive.blobs.upload.PresignedUploader`
+through presigned PUT URLs or a `MultipartGrant` that a credentialed process made for them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 Bytes = bytes | bytearray | memoryview
 
@@ -22,11 +23,23 @@ class PresignedUrl:
 
 
 @dataclass(frozen=True)
+class MultipartGrant:
+    """A multipart upload opened by a credentialed process for someone without credentials:
+    part i+1 is bytes [i * part_size, (i + 1) * part_size) of the object, PUT to `urls[i]`."""
+
+    upload_id: str
+    part_size: int
+    urls: list[PresignedUrl]
+
+
+@dataclass(frozen=True)
 class BlobLocation:
-    """An object as a reader knows it: its key (always, for errors) and, maybe, a presigned GET."""
+    """An object as a reader knows it: its key (always, for errors) and, maybe, a presigned GET
+    with its expiry (unix epoch ms; 0 = unknown)."""
 
     key: str
     url: str = ""
+    expires_at_ms: int = 0
 
 
 class RangeFetcher(Protocol):
@@ -37,6 +50,14 @@ class RangeFetcher(Protocol):
         once retries are spent, Unavailable. Never leaves a failure looking like data.
         """
         ...
+
+
+@runtime_checkable
+class UrlPreparer(Protocol):
+    """A fetcher that wants to see every location before a batch of reads (to renew, in one
+    call, the presigned URLs that are about to expire): `unpack` calls `prepare` first."""
+
+    def prepare(self, wheres: Sequence[BlobLocation]) -> None: ...
 
 
 class BlobStore(RangeFetcher, Protocol):
@@ -75,3 +96,22 @@ class BlobStore(RangeFetcher, Protocol):
     def presign_get(self, key: str, expires_in: int) -> PresignedUrl: ...
 
     def presign_put(self, key: str, expires_in: int) -> PresignedUrl: ...
+
+    def presign_multipart(
+        self, key: str, size: int, part_size: int, expires_in: int
+    ) -> MultipartGrant:
+        """Open a multipart upload of a `size`-byte object and presign a PUT for each part.
+
+        `part_size` is raised to S3's 5 MiB minimum, and further when `size` would need more
+        than 10,000 parts; the grant says the size used. Presigned URLs use the public endpoint
+        when one is configured."""
+        ...
+
+    def complete_multipart(self, key: str, upload_id: str, etags: Sequence[str]) -> None:
+        """Assemble the object from its parts (`etags[i]` is part i+1's ETag, as the part
+        PUT answered it). Raises InvalidArgument for a wrong part list or an unknown upload."""
+        ...
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Drop an unfinished multipart upload and its parts; an unknown upload is no error."""
+        ...

@@ -6,7 +6,11 @@ part, one range), not per whole transfer.
 
 Checksums: botocore's CRC32 request/response checksums are off ("when_required"). Tensor
 bytes carry a sha256 verified end to end by the codec (S3's whole-object checksums cannot cover
-a ranged read of a shard anyway), and on plain-HTTP endpoints SigV4 still hashes each payload.
+a ranged read anyway), and on plain-HTTP endpoints SigV4 still hashes each payload.
+
+Presigned URLs are signed for `Settings.s3_public_endpoint_url` when it is set (sites reach S3
+at another address than the services do): a second client, used only to sign (signing is local,
+it never opens a connection), carries that endpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from botocore.exceptions import (
 )
 
 from fedhive.blobs.failures import s3_failure
-from fedhive.blobs.port import BlobLocation, Bytes, PresignedUrl
+from fedhive.blobs.port import BlobLocation, Bytes, MultipartGrant, PresignedUrl
 from fedhive.blobs.transfer import (
     GatherReader,
     MiB,
@@ -55,6 +59,7 @@ _TRANSIENT = (
 )
 _MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
 _MAX_EXPIRY = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
+_MIN_PART = 5 * MiB  # S3's smallest part (all but the last)
 
 
 def _stream(views: list[memoryview]) -> IO[bytes]:
@@ -73,13 +78,15 @@ class S3BlobStore:
         region: str = "us-east-1",
         workers: int = 8,
         part_size: int = 8 * MiB,
-        multipart_threshold: int = 16 * MiB,  # = the codec's own-object threshold
+        multipart_threshold: int = 16 * MiB,  # = the codec's `large_object`
         read_part_size: int = 8 * MiB,
         backoff: Backoff | None = None,
+        presigner: S3Client | None = None,
     ) -> None:
-        if part_size < 5 * MiB:
+        if part_size < _MIN_PART:
             raise InvalidArgument("S3 multipart parts must be at least 5 MiB", field="part_size")
         self._client = client
+        self._presigner = presigner or client
         self._bucket = bucket
         self._region = region
         self._workers = workers
@@ -92,7 +99,8 @@ class S3BlobStore:
     def from_settings(cls, settings: Settings, **options: Any) -> S3BlobStore:
         """`s3_endpoint_url` None means AWS (virtual-hosted addressing); a custom endpoint
         (SeaweedFS, MinIO) gets path-style addressing. Credentials: the explicit ones in
-        `settings` when set, else boto3's default chain."""
+        `settings` when set, else boto3's default chain. `s3_public_endpoint_url`, when set, is
+        the endpoint presigned URLs are signed for."""
         workers = int(options.get("workers", 8))
         session = boto3.session.Session(
             aws_access_key_id=settings.aws_access_key_id,
@@ -111,6 +119,12 @@ class S3BlobStore:
             response_checksum_validation="when_required",
         )
         client = session.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
+        if settings.s3_public_endpoint_url and "presigner" not in options:
+            options["presigner"] = session.client(
+                "s3",
+                endpoint_url=settings.s3_public_endpoint_url,
+                config=config.merge(Config(s3={"addressing_style": "path"})),
+            )
         return cls(client, settings.s3_bucket, region=settings.s3_region, **options)
 
     @property
@@ -119,6 +133,8 @@ class S3BlobStore:
 
     def close(self) -> None:
         self._client.close()
+        if self._presigner is not self._client:
+            self._presigner.close()
 
     # --- bucket and objects --------------------------------------------------------------------
     def ensure_bucket(self) -> None:
@@ -250,16 +266,73 @@ class S3BlobStore:
     def presign_put(self, key: str, expires_in: int) -> PresignedUrl:
         return self._presign("put_object", key, expires_in)
 
+    # --- multipart uploads by someone without credentials -------------------------------------
+    def presign_multipart(
+        self, key: str, size: int, part_size: int, expires_in: int
+    ) -> MultipartGrant:
+        if size <= 0:
+            raise InvalidArgument(
+                f"multipart upload of blob {key} needs a positive size, not {size}", field="size"
+            )
+        self._check_expiry(expires_in)
+        part_size = max(part_size, _MIN_PART, -(-size // _MAX_PARTS))
+        upload_id: str = self._call(
+            "writing",
+            key,
+            lambda: self._client.create_multipart_upload(Bucket=self._bucket, Key=key),
+        )["UploadId"]
+        urls = [
+            self._presign(
+                "upload_part", key, expires_in, UploadId=upload_id, PartNumber=number
+            )
+            for number in range(1, -(-size // part_size) + 1)
+        ]
+        return MultipartGrant(upload_id, part_size, urls)
+
+    def complete_multipart(self, key: str, upload_id: str, etags: Sequence[str]) -> None:
+        if not etags or not all(etags):
+            raise InvalidArgument(
+                f"completing blob {key}: {len(etags)} part ETags, some empty or none",
+                field="etags",
+            )
+        parts: list[CompletedPartTypeDef] = [
+            {"ETag": etag, "PartNumber": number} for number, etag in enumerate(etags, start=1)
+        ]
+        self._call(
+            "completing",
+            key,
+            lambda: self._client.complete_multipart_upload(
+                Bucket=self._bucket, Key=key, UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+            ),
+        )
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        try:
+            self._call(
+                "aborting",
+                key,
+                lambda: self._client.abort_multipart_upload(
+                    Bucket=self._bucket, Key=key, UploadId=upload_id
+                ),
+            )
+        except (InvalidArgument, BlobNotFound) as err:
+            log.debug("abort of an unknown multipart upload", key=key, error=str(err))
+
     # --- internals -----------------------------------------------------------------------------
-    def _presign(self, method: str, key: str, expires_in: int) -> PresignedUrl:
+    @staticmethod
+    def _check_expiry(expires_in: int) -> None:
         if not 1 <= expires_in <= _MAX_EXPIRY:
             raise InvalidArgument(
                 f"presigned URL expiry {expires_in}s is outside 1..{_MAX_EXPIRY}s",
                 field="expires_in",
             )
+
+    def _presign(self, method: str, key: str, expires_in: int, **params: Any) -> PresignedUrl:
+        self._check_expiry(expires_in)
         expires_at_ms = int(time.time() * 1000) + expires_in * 1000
-        url = self._client.generate_presigned_url(
-            method, Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=expires_in
+        url = self._presigner.generate_presigned_url(
+            method, Params={"Bucket": self._bucket, "Key": key, **params}, ExpiresIn=expires_in
         )
         return PresignedUrl(url, expires_at_ms)
 

@@ -3,7 +3,7 @@
 * `GatherReader` streams the concatenation of caller buffers to an HTTP body (upload) without
   joining them: only the small blocks the HTTP client asks for are copied.
 * `plan_reads` turns "these byte ranges of these objects go into these buffers" into ranged
-  GETs of at most `part_size` bytes, merging neighbours (shard members) into one request.
+  GETs of at most `part_size` bytes, merging neighbouring ranges of one object into one request.
 * `run_reads` runs them on a thread pool; each worker writes straight into its slice of the
   destination buffers, and the caller sees each read complete in plan order (to hash while
   later parts are still downloading).

@@ -24,14 +24,14 @@ import pika
 import pytest
 import structlog
 
-from fedhive.blobs import BlobStore, TensorCodec, TensorKind, TensorRef, ref_to_proto
+from fedhive.blobs import BlobStore, TensorCodec, TensorKind, TensorRef, content_key, ref_to_proto
 from fedhive.bus import RabbitBus
 from fedhive.config import Settings
 from fedhive.errors import InvalidArgument, PermissionDenied
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey
 from fedhive.fl.executor import ExecTask, Executors
 from fedhive.fl.task_manager import TaskManager
-from fedhive.fl.task_server import TaskServer, content_key
+from fedhive.fl.task_server import TaskServer
 from fedhive.fl.tasks import CompletionStatus, ReturnCode, Task
 from fedhive.fl.worker import Worker, WorkerConfig
 from fedhive.fl.workflow import WorkflowContext
@@ -267,7 +267,8 @@ def test_results_the_server_cannot_take_are_refused_with_a_reason(job: Job) -> N
                                                    tensors=[ref_to_proto(stray)]))
     reply = job.call("a", forged, task_pb2.TaskResultReply)
     assert not reply.accepted
-    assert reply.reason.startswith("result data rejected: tensor 'w': key")
+    assert reply.reason.startswith(f"result data rejected: job {job.ctx.job_id} site {a} "
+                                   "task 'train': tensor 'w': key")
     job.finish(task)
     result = task.client_tasks[0].result
     assert result is not None and result.return_code == ReturnCode.EXECUTION_RESULT_ERROR

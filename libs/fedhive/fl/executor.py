@@ -7,8 +7,14 @@
             return Dxo(DataKind.WEIGHTS, new_arrays, {MetaKey.NUM_STEPS_CURRENT_ROUND: 32})
 
 An executor that raises makes an error result (`EXECUTION_EXCEPTION` with the error's one
-line), never a client-job crash. The returned DXO's arrays go back to the server job inline or
-uploaded (see `fedhive.fl.worker`).
+line, or the return code of a `TaskError`), never a client-job crash. The returned DXO's arrays
+go back to the server job inline or uploaded (see `fedhive.fl.worker`); refs it returns pass
+through when they name content keys (what a trainer subprocess uploaded, or task data handed
+back). `task.server` reaches the server job (upload grants, completing multipart uploads,
+re-signing URLs) for an executor that relays them, like `ClientAPIExecutor`.
+
+An executor may define `finalize()`: the worker calls it once when the run ends (END_RUN, or
+the client job is stopped), e.g. to stop a trainer subprocess.
 
 `config_fed_client.json` maps task names to executors; its `components` are built first and may
 be named by id in executor args:
@@ -29,12 +35,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from fedhive.blobs import RangeFetcher, TensorKind
+from fedhive.blobs import PresignedUrl, RangeFetcher, TensorKind
 from fedhive.fl.components import ComponentError, build_component
-from fedhive.fl.dxo import Dxo
+from fedhive.fl.dxo import Dxo, MetaKey
+from fedhive.fl.result_packer import UploadChannel
 
 CLIENT_CONFIG = "config/config_fed_client.json"
 ANY_TASK = "*"
+
+
+class ServerChannel(UploadChannel, Protocol):
+    """A task's line to its server job (RPCs on the job's server queue, as this site)."""
+
+    def resign(self, keys: list[str]) -> dict[str, PresignedUrl]:
+        """Fresh presigned GET URLs for these keys of the job."""
+        ...
+
+
+class TaskError(Exception):
+    """Raised by an executor: the task fails with `return_code` and this one-line message."""
+
+    def __init__(self, return_code: str, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+        self.return_code = return_code
 
 
 @dataclass
@@ -50,6 +73,15 @@ class ExecTask:
     fetcher: RangeFetcher  # reads the refs' presigned URLs (no credentials)
     task_id: str = ""
     timeout: float = 0.0  # seconds the server gives the task (0: no limit)
+    server: ServerChannel | None = None  # set by the worker
+    inline_threshold: int = 2 * 1024 * 1024  # the site's: result arrays up to it go inline
+    inline_budget: int | None = None  # inline bytes per result (None: 8 x the threshold)
+
+    @property
+    def round(self) -> int | None:
+        """The task's `current_round` meta, when it has one."""
+        value = self.data.meta.get(MetaKey.CURRENT_ROUND)
+        return int(value) if isinstance(value, int | float) else None
 
     def load(self, kind: TensorKind | None = None) -> Dxo:
         """The task's DXO with its arrays downloaded and checksum-verified (numpy arrays or

@@ -1,31 +1,61 @@
-"""How a client job sends a result's arrays up without S3 credentials (DESIGN §5).
+"""How a site sends a result's arrays up without S3 credentials (DESIGN §5).
 
-Small arrays travel inline in the `TaskResult` (each up to `inline_threshold` bytes, at most
+One module for both senders: the client job's in-process executors (`fedhive.fl.worker`, which
+reaches its server job by RPC) and a trainer subprocess (`fedhive.client`, which reaches it
+through its client job's pipe). What differs is only the `UploadChannel`.
+
+Small arrays travel inline in the result (each up to `inline_threshold` bytes, at most
 `inline_budget` bytes in all, so a model of many small arrays cannot swell one message past
-the broker's limit). The others are uploaded: the CJ asks its server job for upload grants
-(`GrantUploadRequest` with each array's sha256), PUTs each array the server does not have yet
-to its presigned URL, and sends refs to the content keys `{job tensor prefix}sha256/<hex>`.
-A result value that is still a ref (an executor passing task data through) is downloaded and
-sent like any array: the server accepts only refs it granted.
+the broker's limit). The others are uploaded: the sender asks the server job for upload grants
+(each array's sha256 and size), uploads each array the server does not have yet to the
+content key `{job tensor prefix}sha256/<hex>` (a presigned PUT, or presigned multipart parts in
+parallel for a large array, then `complete`), and sends refs to those keys. An unchanged array
+(a frozen layer) is already there: nothing is uploaded.
+
+A result value that is still a ref passes through unchanged when it is inline or names the
+content key of its own checksum (task data handed back as it came); any other ref is
+downloaded and sent like an array.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 import numpy as np
 
-from fedhive.blobs import PresignedFetcher, TensorKind, TensorRef, checksum
+from fedhive.blobs import RangeFetcher, TensorKind, TensorRef, checksum, unpack
 from fedhive.blobs.dtypes import ByteArray, is_torch_tensor, numpy_to_bytes, torch_to_bytes
+from fedhive.blobs.port import MultipartGrant, PresignedUrl
 from fedhive.blobs.transfer import as_byte_view
 from fedhive.errors import InvalidArgument
 from fedhive.fl.dxo import Dxo, dxo_to_proto
 from fedhive.proto.v1 import task_pb2
 
-Grant = Callable[[list[str]], task_pb2.UploadGrant]  # checksums -> the server's grant
+_CONTENT_KEY = re.compile(r"(?:^|/)sha256/([0-9a-f]{64})$")
+
+
+class UploadChannel(Protocol):
+    """How a sender reaches its server job for uploads."""
+
+    def grant(self, checksums: list[str], sizes: list[int]) -> task_pb2.UploadGrant:
+        """The server's `UploadGrant` for these arrays (same order)."""
+        ...
+
+    def complete(self, key: str, upload_id: str, etags: list[str]) -> None:
+        """Ask the server to complete a multipart upload it granted."""
+        ...
+
+
+class Uploader(Protocol):
+    """`fedhive.blobs.PresignedUploader`'s face: credential-free PUTs."""
+
+    def put(self, url: str, key: str, body: Any) -> None: ...
+
+    def put_parts(self, grant: MultipartGrant, key: str, body: Any) -> list[str]: ...
 
 
 @dataclass
@@ -38,24 +68,36 @@ class _Array:
     digest: str
 
 
+def is_content_ref(ref: TensorRef) -> bool:
+    """A ref to the whole object at the content key of its own checksum."""
+    match = _CONTENT_KEY.search(ref.key)
+    return bool(match and ref.offset == 0 and ref.checksum == f"sha256:{match.group(1)}")
+
+
 class ResultPacker:
-    def __init__(self, fetcher: PresignedFetcher, *, inline_threshold: int,
+    def __init__(self, fetcher: RangeFetcher, uploader: Uploader, *, inline_threshold: int,
                  inline_budget: int | None = None, upload_workers: int = 4) -> None:
         self._fetcher = fetcher
+        self._uploader = uploader
         self._threshold = inline_threshold
         self._budget = 8 * inline_threshold if inline_budget is None else inline_budget
         self._workers = upload_workers
 
-    def pack(self, dxo: Dxo, grant: Grant) -> task_pb2.Dxo:
-        """The result's DXO message, its large arrays uploaded through `grant`. Raises
+    def pack(self, dxo: Dxo, channel: UploadChannel) -> task_pb2.Dxo:
+        """The result's DXO message, its large arrays uploaded through `channel`. Raises
         InvalidArgument for a value that is no array, BlobAccessDenied/Unavailable when an
         upload fails."""
-        if dxo.is_lazy:
-            dxo = dxo.materialized(self._fetcher)
-        arrays = [_flatten(name, value) for name, value in dxo.data.items()]
-        refs: dict[str, TensorRef] = {}
+        passed = {name: value for name, value in dxo.data.items()
+                  if isinstance(value, TensorRef) and (value.is_inline or is_content_ref(value))}
+        other_refs = [value for name, value in dxo.data.items()
+                      if isinstance(value, TensorRef) and name not in passed]
+        fetched = unpack(other_refs, self._fetcher) if other_refs else {}
+        arrays = [_flatten(name, fetched.get(name, value)) for name, value in dxo.data.items()
+                  if name not in passed]
+        refs: dict[str, TensorRef] = {
+            name: replace(ref, url="", url_expires_at_ms=0) for name, ref in passed.items()}
         uploads: dict[str, _Array] = {}
-        inline_used = 0
+        inline_used = sum(ref.length for ref in passed.values() if ref.is_inline)
         for item in arrays:
             size = item.flat.nbytes
             if size == 0 or (size <= self._threshold and inline_used + size <= self._budget):
@@ -63,27 +105,50 @@ class ResultPacker:
                 refs[item.name] = _ref(item, inline_data=item.flat.tobytes())
             else:
                 uploads.setdefault(item.digest, item)
-        keys = self._upload(uploads, grant) if uploads else {}
+        keys = self._upload(uploads, channel) if uploads else {}
         for item in arrays:
             if item.name not in refs:
                 refs[item.name] = _ref(item, key=keys[item.digest])
-        data = {item.name: refs[item.name] for item in arrays}
+        data = {name: refs[name] for name in dxo.data}
         return dxo_to_proto(Dxo(dxo.data_kind, data, dict(dxo.meta)), _no_arrays)
 
-    def _upload(self, uploads: dict[str, _Array], grant: Grant) -> dict[str, str]:
-        answer = grant(list(uploads))
+    def _upload(self, uploads: dict[str, _Array], channel: UploadChannel) -> dict[str, str]:
+        answer = channel.grant(list(uploads), [item.flat.nbytes for item in uploads.values()])
         if [target.checksum for target in answer.targets] != list(uploads):
             raise InvalidArgument("the server's upload grant does not match the request",
                                   field="targets")
         todo = [target for target in answer.targets if not target.present]
         if todo:
-            with ThreadPoolExecutor(max_workers=min(self._workers, len(todo))) as pool:
-                done = [pool.submit(self._fetcher.put, target.url, target.key,
-                                    as_byte_view(uploads[target.checksum].flat))
-                        for target in todo]
-                for future in done:
+            jobs: list[Callable[[], None]] = [
+                _upload_job(self._uploader, channel, target, uploads[target.checksum])
+                for target in todo]
+            with ThreadPoolExecutor(max_workers=min(self._workers, len(jobs))) as pool:
+                for future in [pool.submit(job) for job in jobs]:
                     future.result()
         return {target.checksum: target.key for target in answer.targets}
+
+
+def _upload_job(uploader: Uploader, channel: UploadChannel, target: task_pb2.UploadGrant.Target,
+                item: _Array) -> Callable[[], None]:
+    body = as_byte_view(item.flat)
+    if not target.upload_id:
+        if not target.url:
+            raise InvalidArgument(f"tensor {item.name!r}: the upload grant has no URL",
+                                  field=item.name)
+        return lambda: uploader.put(target.url, target.key, body)
+    grant = MultipartGrant(target.upload_id, target.part_size,
+                           [PresignedUrl(url, target.url_expires_at_ms)
+                            for url in target.part_urls])
+    if target.part_size <= 0 or len(grant.urls) != -(-len(body) // target.part_size):
+        raise InvalidArgument(f"tensor {item.name!r}: the multipart grant has "
+                              f"{len(grant.urls)} parts of {target.part_size} bytes for "
+                              f"{len(body)} bytes", field=item.name)
+
+    def multipart() -> None:
+        etags = uploader.put_parts(grant, target.key, body)
+        channel.complete(target.key, target.upload_id, etags)
+
+    return multipart
 
 
 def _ref(item: _Array, *, key: str = "", inline_data: bytes = b"") -> TensorRef:

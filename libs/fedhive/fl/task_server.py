@@ -13,8 +13,20 @@ Messages (`Names.job_server_queue(job_id)`, see proto/fedhive/v1/task.proto):
   this job's tensor prefix (what a grant gives out), and its URL is dropped (a site must not
   choose the URL other sites will read). A result whose data is malformed reaches the task
   manager as an `EXECUTION_RESULT_ERROR` result, so the workflow sees the site failed.
-* `GrantUploadRequest` (RPC, site): presigned PUT URLs for the content keys
+  A non-inline ref must also name an object that exists with the ref's length (one HEAD per
+  ref): a result whose object is missing fails that site's task with a reason naming the job,
+  site, round and tensor (the bytes' checksum is verified whenever the SJ reads them).
+* `GrantUploadRequest` (RPC, site): upload targets for the content keys
   `{tensor prefix}sha256/<hex>` of the given checksums; `present` for objects already stored.
+  With `sizes`, an array larger than `upload_part_size` gets a multipart grant (upload id, one
+  presigned PUT per part), which the site completes with `CompleteUploadRequest`; smaller ones a
+  presigned PUT. Unfinished multipart uploads of a task are aborted when the site's result for
+  it arrives.
+* `CompleteUploadRequest` (RPC, site): complete a multipart upload this SJ granted to that
+  site for that key (anything else: PermissionDenied); the object must then have the granted
+  size.
+* `ResignRequest` (RPC, site): fresh presigned GET URLs for keys under the job's tensor prefix
+  (a ref whose URL expired while a trainer worked).
 * `WorkerExit` (site): its client job could not start (bad executor config): the site is gone.
 * `SiteGone` (job-runner): the site stopped reporting the job or went offline.
 
@@ -25,51 +37,47 @@ the SJ itself connects as, shared with the runner). Anything else is `Permission
 
 from __future__ import annotations
 
-import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
 from google.protobuf.message import Message
 
-from fedhive.blobs import TensorRef
+from fedhive.blobs import TensorRef, content_key
 from fedhive.bus import Delivery
-from fedhive.errors import FedhiveError, InvalidArgument, PermissionDenied
-from fedhive.fl.dxo import Dxo, dxo_from_proto, dxo_to_proto
+from fedhive.errors import BlobNotFound, FedhiveError, InvalidArgument, PermissionDenied
+from fedhive.fl.dxo import Dxo, MetaKey, dxo_from_proto, dxo_to_proto
 from fedhive.fl.task_manager import TaskManager
 from fedhive.fl.tasks import ClientTask, Result, ReturnCode, Task
 from fedhive.fl.workflow import WorkflowContext
-from fedhive.proto.v1 import runner_pb2, task_pb2
+from fedhive.proto.v1 import common_pb2, runner_pb2, task_pb2
 from fedhive.structs import dict_to_struct
 
 WAIT_SLICE_S = 0.2  # re-ask the manager this often: time alone can make a site eligible
 URL_TTL_S = 3600
 URL_MARGIN_MS = 600_000  # re-sign a cached URL that would expire within 10 minutes
-MAX_GRANT = 10_000  # checksums per GrantUploadRequest
-_SHA256 = re.compile(r"^sha256:([0-9a-f]{64})$")
+MAX_GRANT = 10_000  # checksums per GrantUploadRequest, keys per ResignRequest
+MiB = 1024 * 1024
+UPLOAD_PART_SIZE = 64 * MiB  # larger arrays are uploaded multipart, in parts of this size
+MAX_URL_TTL_S = 7 * 24 * 3600
+_ASSIGNED_MEMORY = 10_000  # assignments whose name and round are remembered for messages
 _A = task_pb2.TaskAssignment
-
-
-def content_key(prefix: str, checksum: str) -> str:
-    """Where an uploaded array with this checksum lives; InvalidArgument for a checksum that
-    is not `sha256:<64 lowercase hex>`."""
-    match = _SHA256.match(checksum)
-    if match is None:
-        raise InvalidArgument(f"checksum {checksum[:80]!r} is not 'sha256:<64 hex digits>'",
-                              field="checksum")
-    return f"{prefix}sha256/{match.group(1)}"
 
 
 class TaskServer:
     ACCEPTS: tuple[type[Message], ...] = (
         task_pb2.GetTaskRequest, task_pb2.TaskResult, task_pb2.GrantUploadRequest,
-        task_pb2.WorkerExit, runner_pb2.SiteGone,
+        task_pb2.CompleteUploadRequest, task_pb2.ResignRequest, task_pb2.WorkerExit,
+        runner_pb2.SiteGone,
     )
 
     def __init__(self, ctx: WorkflowContext, *, service_user: str, max_wait_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, url_ttl_s: int = URL_TTL_S,
+                 upload_part_size: int = UPLOAD_PART_SIZE, check_workers: int = 8) -> None:
         assert ctx.tasks is not None and ctx.store is not None and ctx.codec is not None
         self.ctx = ctx
         self.tasks: TaskManager = ctx.tasks
@@ -78,10 +86,15 @@ class TaskServer:
         self._service_user = service_user
         self._max_wait_s = max_wait_s
         self._clock = clock
+        self._url_ttl_s = url_ttl_s
+        self._part_size = upload_part_size
+        self._check_workers = check_workers
         self._lock = threading.Lock()
         self._packed: dict[str, _Packed] = {}  # task id -> its arrays' refs
         self._packing: dict[str, threading.Lock] = {}
         self._ended: set[str] = set()  # sites told END_RUN, or gone
+        self._multipart: dict[tuple[str, str, str], _Upload] = {}  # (site, key, upload id)
+        self._assigned: OrderedDict[str, tuple[str, int | None]] = OrderedDict()
 
     # bus entry point ----------------------------------------------------------------------
     def handle(self, message: Message, delivery: Delivery) -> Message | None:
@@ -94,7 +107,12 @@ class TaskServer:
         if isinstance(message, task_pb2.TaskResult):
             return self.submit(site, message)
         if isinstance(message, task_pb2.GrantUploadRequest):
-            return self.grant_upload(site, list(message.checksums))
+            return self.grant_upload(site, list(message.checksums), list(message.sizes),
+                                     message.task_id)
+        if isinstance(message, task_pb2.CompleteUploadRequest):
+            return self.complete_upload(site, message)
+        if isinstance(message, task_pb2.ResignRequest):
+            return self.resign(site, list(message.keys))
         assert isinstance(message, task_pb2.WorkerExit)
         self.worker_exit(site, message.error)
         return None
@@ -137,8 +155,11 @@ class TaskServer:
                 raise InvalidArgument("the result has no return_code", field="return_code")
             if message.HasField("data"):
                 dxo = self._checked(dxo_from_proto(message.data))
+                self._check_objects(dxo)
         except FedhiveError as err:
-            problem = f"result data rejected: {err}"
+            problem = f"result data rejected: {self._where(site, message.task_id)}: {err}"
+        finally:
+            self._abort_uploads(site, message.task_id)
         if problem:
             self.ctx.log.warning("task_server.bad_result", site=site, task_id=message.task_id,
                                  reason=problem)
@@ -150,21 +171,80 @@ class TaskServer:
         return task_pb2.TaskResultReply(accepted=accepted,
                                         reason=problem or ("" if accepted else submission.reason))
 
-    def grant_upload(self, site: str, checksums: list[str]) -> task_pb2.UploadGrant:
+    def grant_upload(self, site: str, checksums: list[str], sizes: list[int] | None = None,
+                     task_id: str = "") -> task_pb2.UploadGrant:
+        """Where to put each array: `present`, a presigned PUT, or (an array above the part
+        size, when `sizes` are given) a multipart grant."""
         if len(checksums) > MAX_GRANT:
             raise InvalidArgument(f"{len(checksums)} checksums in one grant request (at most "
                                   f"{MAX_GRANT})", field="checksums")
+        if sizes and len(sizes) != len(checksums):
+            raise InvalidArgument(f"{len(sizes)} sizes for {len(checksums)} checksums",
+                                  field="sizes")
         grant = task_pb2.UploadGrant()
-        for checksum in checksums:
+        multipart = 0
+        for index, checksum in enumerate(checksums):
             key = content_key(self.ctx.tensor_prefix, checksum)
+            size = sizes[index] if sizes else 0
+            if size < 0:
+                raise InvalidArgument(f"size {size} of {checksum[:24]}... is negative",
+                                      field="sizes")
             target = grant.targets.add(checksum=checksum, key=key)
-            if self._store.exists(key):
+            if self._stored(key, size if sizes else None):
                 target.present = True
+            elif size > self._part_size:
+                multipart += 1
+                parts = self._store.presign_multipart(key, size, self._part_size,
+                                                      _upload_ttl(size))
+                target.upload_id, target.part_size = parts.upload_id, parts.part_size
+                target.part_urls.extend(url.url for url in parts.urls)
+                target.url_expires_at_ms = min(url.expires_at_ms for url in parts.urls)
+                with self._lock:
+                    self._multipart[(site, key, parts.upload_id)] = _Upload(task_id, size)
             else:
-                url = self._store.presign_put(key, URL_TTL_S)
+                url = self._store.presign_put(key, _upload_ttl(size))
                 target.url, target.url_expires_at_ms = url.url, url.expires_at_ms
-        self.ctx.log.debug("task_server.upload_granted", site=site, objects=len(checksums))
+        self.ctx.log.debug("task_server.upload_granted", site=site, objects=len(checksums),
+                           multipart=multipart)
         return grant
+
+    def complete_upload(self, site: str, message: task_pb2.CompleteUploadRequest,
+                        ) -> common_pb2.Ack:
+        ident = (site, message.key, message.upload_id)
+        with self._lock:
+            upload = self._multipart.pop(ident, None)
+        if upload is None:
+            raise PermissionDenied(f"job {self.ctx.job_id}: no multipart upload "
+                                   f"{message.upload_id[:40]!r} of {message.key[:200]!r} was "
+                                   f"granted to site {site!r}", field="upload_id")
+        try:
+            self._store.complete_multipart(message.key, message.upload_id, list(message.etags))
+            stored = self._store.size(message.key)
+        except FedhiveError:
+            self._store.abort_multipart(message.key, message.upload_id)
+            raise
+        if stored != upload.size:
+            self._store.delete(message.key)
+            raise InvalidArgument(f"job {self.ctx.job_id} site {site}: upload of "
+                                  f"{message.key[:200]} holds {stored} bytes, {upload.size} "
+                                  "were granted", field="etags")
+        self.ctx.log.debug("task_server.upload_completed", site=site, key=message.key)
+        return common_pb2.Ack()
+
+    def resign(self, site: str, keys: list[str]) -> task_pb2.ResignReply:
+        if len(keys) > MAX_GRANT:
+            raise InvalidArgument(f"{len(keys)} keys in one resign request (at most "
+                                  f"{MAX_GRANT})", field="keys")
+        prefix = self.ctx.tensor_prefix
+        reply = task_pb2.ResignReply()
+        for key in keys:
+            if not key.startswith(prefix) or ".." in key.split("/"):
+                raise PermissionDenied(f"job {self.ctx.job_id}: key {key[:200]!r} is not under "
+                                       "the job's tensor prefix", field="keys")
+            url = self._store.presign_get(key, self._url_ttl_s)
+            reply.urls.add(key=key, url=url.url, url_expires_at_ms=url.expires_at_ms)
+        self.ctx.log.debug("task_server.resigned", site=site, objects=len(keys))
+        return reply
 
     def worker_exit(self, site: str, error: str) -> None:
         reason = f"client job could not start: {' '.join(error.split())}"
@@ -195,6 +275,63 @@ class TaskServer:
         with self._lock:
             self._ended.add(site)
 
+    def _stored(self, key: str, size: int | None) -> bool:
+        """The object is there (with `size` bytes, when known): nothing to upload. One of the
+        wrong size is damaged and may be written again."""
+        try:
+            stored = self._store.size(key)
+        except BlobNotFound:
+            return False
+        if size is not None and stored != size:
+            self.ctx.log.warning("task_server.damaged_object", key=key, size=stored,
+                                 expected=size)
+            return False
+        return True
+
+    def _where(self, site: str, task_id: str) -> str:
+        """"job J site S task T round R" for messages about a site's result."""
+        with self._lock:
+            name, round_ = self._assigned.get(task_id, ("", None))
+        where = f"job {self.ctx.job_id} site {site}"
+        if name:
+            where += f" task {name!r}"
+        return where + (f" round {round_}" if round_ is not None else "")
+
+    def _check_objects(self, dxo: Dxo) -> None:
+        """Every uploaded ref names an object that exists with the ref's length."""
+        refs = [ref for ref in dxo.refs() if not ref.is_inline]
+        if not refs:
+            return
+
+        def check(ref: TensorRef) -> str:
+            try:
+                size = self._store.size(ref.key)
+            except BlobNotFound:
+                return f"tensor {ref.name!r}: object {ref.key} is missing"
+            if size != ref.length:
+                return (f"tensor {ref.name!r}: object {ref.key} holds {size} bytes, the ref "
+                        f"says {ref.length}")
+            return ""
+
+        with ThreadPoolExecutor(max_workers=min(self._check_workers, len(refs))) as pool:
+            problems = [problem for problem in pool.map(check, refs) if problem]
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise InvalidArgument(problems[0] + more, field="data")
+
+    def _abort_uploads(self, site: str, task_id: str) -> None:
+        """Multipart uploads granted for this task and never completed: dropped."""
+        with self._lock:
+            stale = [ident for ident, upload in self._multipart.items()
+                     if ident[0] == site and upload.task_id == task_id]
+            for ident in stale:
+                del self._multipart[ident]
+        for _, key, upload_id in stale:
+            try:
+                self._store.abort_multipart(key, upload_id)
+            except FedhiveError as err:
+                self.ctx.log.warning("task_server.abort_upload_failed", key=key, error=str(err))
+
     def _checked(self, dxo: Dxo) -> Dxo:
         """Refs a site may send: inline, or at the content key of their checksum, URL dropped."""
         for name, ref in list(dxo.data.items()):
@@ -208,6 +345,12 @@ class TaskServer:
 
     def _assignment(self, client_task: ClientTask, data: Dxo) -> task_pb2.TaskAssignment:
         task = client_task.task
+        round_ = data.meta.get(MetaKey.CURRENT_ROUND)
+        with self._lock:
+            self._assigned[client_task.id] = (
+                task.name, int(round_) if isinstance(round_, int | float) else None)
+            while len(self._assigned) > _ASSIGNED_MEMORY:
+                self._assigned.popitem(last=False)
         return _A(kind=_A.KIND_TASK, task_id=client_task.id, task_name=task.name,
                   data=self._task_data(task, data), props=dict_to_struct(task.props),
                   timeout_ms=int(task.timeout * 1000))
@@ -237,10 +380,22 @@ class TaskServer:
         message = dxo_to_proto(data, lambda values: [packed[name] for name in values])
         now_ms = int(time.time() * 1000)
         for ref in message.tensors:
-            if ref.key and ref.url_expires_at_ms - now_ms < URL_MARGIN_MS:
-                url = self._store.presign_get(ref.key, URL_TTL_S)
+            if ref.key and ref.url_expires_at_ms - now_ms < min(URL_MARGIN_MS,
+                                                                self._url_ttl_s * 500):
+                url = self._store.presign_get(ref.key, self._url_ttl_s)
                 ref.url, ref.url_expires_at_ms = url.url, url.expires_at_ms
         return message
+
+
+def _upload_ttl(size: int) -> int:
+    """An upload URL's lifetime: an hour, plus a second per MiB (a slow link still finishes)."""
+    return min(URL_TTL_S + size // MiB, MAX_URL_TTL_S)
+
+
+@dataclass(frozen=True)
+class _Upload:
+    task_id: str
+    size: int
 
 
 @dataclass(frozen=True)

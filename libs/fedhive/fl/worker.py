@@ -11,12 +11,16 @@
   `server_wait_s`, then the worker gives up with `FailedPrecondition`.
 * The executor is chosen by task name (`Executors.get`, `"*"` matches all). No executor:
   `TASK_UNKNOWN`. An executor that raises, or returns something that is not a `Dxo`:
-  `EXECUTION_EXCEPTION` with the error's one line (the traceback goes to the log). Task data
-  that does not decode: `BAD_TASK_DATA`.
+  `EXECUTION_EXCEPTION` with the error's one line (the traceback goes to the log); a
+  `TaskError` gives its own return code. Task data that does not decode: `BAD_TASK_DATA`.
 * The result's arrays go up inline or uploaded through grants (`fedhive.fl.result_packer`); a
   result that cannot be packed or uploaded becomes an `EXECUTION_EXCEPTION` result.
+* Each task's `server` channel makes the upload RPCs (`GrantUploadRequest` with sizes,
+  `CompleteUploadRequest`) and `ResignRequest`; the worker's fetcher re-signs expired URLs
+  through it.
 * `abort` (SIGTERM in the client job) is handed to the executor; a result finished after it was
-  set is not sent.
+  set is not sent. When the run ends (END_RUN or abort) every executor's `finalize()`, if it has
+  one, is called once.
 """
 
 from __future__ import annotations
@@ -30,14 +34,14 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from fedhive.blobs import PresignedFetcher
+from fedhive.blobs import PresignedFetcher, PresignedUploader, PresignedUrl
 from fedhive.bus import Bus
 from fedhive.errors import FailedPrecondition, FedhiveError, RpcTimeout, Unavailable, Unroutable
 from fedhive.fl.dxo import Dxo, dxo_from_proto
-from fedhive.fl.executor import ExecTask, Executors
+from fedhive.fl.executor import ExecTask, Executors, TaskError
 from fedhive.fl.result_packer import ResultPacker
 from fedhive.fl.tasks import ReturnCode
-from fedhive.proto.v1 import task_pb2
+from fedhive.proto.v1 import common_pb2, task_pb2
 from fedhive.retry import Backoff
 from fedhive.structs import struct_to_dict
 
@@ -77,31 +81,50 @@ def one_line(err: BaseException, limit: int = 1000) -> str:
 class Worker:
     def __init__(self, bus: Bus, executors: Executors, config: WorkerConfig, *,
                  abort: threading.Event, log: Any, fetcher: PresignedFetcher | None = None,
-                 ) -> None:
+                 uploader: PresignedUploader | None = None) -> None:
         self._bus = bus
         self._executors = executors
         self.config = config
         self.abort = abort
         self._log = log
-        self._fetcher = fetcher or PresignedFetcher()
-        self._packer = ResultPacker(self._fetcher, inline_threshold=config.inline_threshold,
+        self._fetcher = fetcher or PresignedFetcher(resign=self.resign)
+        self._uploader = uploader or PresignedUploader()
+        self._packer = ResultPacker(self._fetcher, self._uploader,
+                                    inline_threshold=config.inline_threshold,
                                     inline_budget=config.inline_budget)
         self.current_task = "waiting"  # what the client job's heartbeat reports
         self.tasks_done = 0
 
     def run(self) -> None:
-        """Serve tasks until END_RUN (returns) or `abort` (returns soon after)."""
-        while not self.abort.is_set():
-            assignment = self._poll()
-            if assignment is None or assignment.kind == _A.KIND_END_RUN:
-                if assignment is not None:
-                    self._log.info("worker.end_run", tasks_done=self.tasks_done)
-                    self.current_task = "ended"
-                return
-            if assignment.kind == _A.KIND_TASK:
-                self._serve(assignment)
-            elif assignment.retry_after_ms > 0:
-                self.abort.wait(assignment.retry_after_ms / 1000)
+        """Serve tasks until END_RUN (returns) or `abort` (returns soon after); then finalize
+        the executors."""
+        try:
+            while not self.abort.is_set():
+                assignment = self._poll()
+                if assignment is None or assignment.kind == _A.KIND_END_RUN:
+                    if assignment is not None:
+                        self._log.info("worker.end_run", tasks_done=self.tasks_done)
+                        self.current_task = "ended"
+                    return
+                if assignment.kind == _A.KIND_TASK:
+                    self._serve(assignment)
+                elif assignment.retry_after_ms > 0:
+                    self.abort.wait(assignment.retry_after_ms / 1000)
+        finally:
+            self._finalize()
+
+    def _finalize(self) -> None:
+        seen: set[int] = set()
+        for executor in self._executors.by_task.values():
+            finalize = getattr(executor, "finalize", None)
+            if id(executor) in seen or not callable(finalize):
+                continue
+            seen.add(id(executor))
+            try:
+                finalize()
+            except Exception as err:  # one executor's cleanup must not stop the others'
+                self._log.error("worker.finalize_failed", executor=type(executor).__name__,
+                                error=one_line(err), exc_info=True)
 
     # one task -----------------------------------------------------------------------------
     def _serve(self, assignment: task_pb2.TaskAssignment) -> None:
@@ -118,8 +141,7 @@ class Worker:
                                      return_code=outcome.return_code, error=outcome.error)
         if outcome.dxo is not None:
             try:
-                result.data.CopyFrom(self._packer.pack(outcome.dxo, lambda sums: self._grant(
-                    task_id, sums)))
+                result.data.CopyFrom(self._packer.pack(outcome.dxo, _Channel(self, task_id)))
             except Exception as err:  # anything the result holds that cannot be sent
                 log.error("worker.result_not_packed", error=one_line(err), exc_info=True)
                 result.ClearField("data")
@@ -147,9 +169,15 @@ class Worker:
                         props=struct_to_dict(assignment.props), job_id=self.config.job_id,
                         site=self.config.site, workspace=self.config.workspace,
                         abort=self.abort, log=log, fetcher=self._fetcher,
-                        task_id=assignment.task_id, timeout=assignment.timeout_ms / 1000)
+                        task_id=assignment.task_id, timeout=assignment.timeout_ms / 1000,
+                        server=_Channel(self, assignment.task_id),
+                        inline_threshold=self.config.inline_threshold,
+                        inline_budget=self.config.inline_budget)
         try:
             out = executor.execute(task)
+        except TaskError as err:
+            log.error("worker.task_failed", return_code=err.return_code, error=str(err))
+            return _Outcome(err.return_code, error=str(err))
         except Exception as err:  # an executor's failure is the task's, not the worker's
             log.error("worker.executor_failed", error=one_line(err), exc_info=True)
             return _Outcome(ReturnCode.EXECUTION_EXCEPTION, error=one_line(err))
@@ -184,10 +212,24 @@ class Worker:
                 self._pause(delays, err)
         return None
 
-    def _grant(self, task_id: str, checksums: list[str]) -> task_pb2.UploadGrant:
+    def grant(self, task_id: str, checksums: list[str], sizes: list[int],
+              ) -> task_pb2.UploadGrant:
         request = task_pb2.GrantUploadRequest(job_id=self.config.job_id, site=self.config.site,
-                                              task_id=task_id, checksums=checksums)
+                                              task_id=task_id, checksums=checksums,
+                                              sizes=sizes)
         return self._call(request, task_pb2.UploadGrant)
+
+    def complete(self, key: str, upload_id: str, etags: list[str]) -> None:
+        request = task_pb2.CompleteUploadRequest(job_id=self.config.job_id,
+                                                 site=self.config.site, key=key,
+                                                 upload_id=upload_id, etags=etags)
+        self._call(request, common_pb2.Ack)
+
+    def resign(self, keys: list[str]) -> dict[str, PresignedUrl]:
+        request = task_pb2.ResignRequest(job_id=self.config.job_id, site=self.config.site,
+                                         keys=keys)
+        reply = self._call(request, task_pb2.ResignReply)
+        return {url.key: PresignedUrl(url.url, url.url_expires_at_ms) for url in reply.urls}
 
     def _submit(self, result: task_pb2.TaskResult, log: Any) -> None:
         try:
@@ -215,3 +257,20 @@ class Worker:
         wait = next(delays)
         self._log.info("worker.server_unreachable", error=str(err), retry_in=round(wait, 2))
         self.abort.wait(wait)
+
+
+class _Channel:
+    """A task's `ServerChannel`: the worker's RPCs, on behalf of that task."""
+
+    def __init__(self, worker: Worker, task_id: str) -> None:
+        self._worker = worker
+        self.task_id = task_id
+
+    def grant(self, checksums: list[str], sizes: list[int]) -> task_pb2.UploadGrant:
+        return self._worker.grant(self.task_id, checksums, sizes)
+
+    def complete(self, key: str, upload_id: str, etags: list[str]) -> None:
+        self._worker.complete(key, upload_id, etags)
+
+    def resign(self, keys: list[str]) -> dict[str, PresignedUrl]:
+        return self._worker.resign(keys)

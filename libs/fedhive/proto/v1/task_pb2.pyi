@@ -228,6 +228,7 @@ Global___TaskResultReply: _TypeAlias = TaskResultReply  # noqa: Y015
 class GrantUploadRequest(_message.Message):
     """CJ -> SJ RPC: where to upload result arrays too large to travel inline. Objects are
     content-addressed (`{job tensor prefix}sha256/<hex>`), so one already there is not sent again.
+    A CJ running a trainer (fedhive.client) relays the trainer's request as its own.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -236,12 +237,17 @@ class GrantUploadRequest(_message.Message):
     SITE_FIELD_NUMBER: _builtins.int
     TASK_ID_FIELD_NUMBER: _builtins.int
     CHECKSUMS_FIELD_NUMBER: _builtins.int
+    SIZES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     site: _builtins.str
     task_id: _builtins.str
     @_builtins.property
     def checksums(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """"sha256:<hex>" of each array's bytes"""
+
+    @_builtins.property
+    def sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """each array's byte length (same order); empty: single PUTs"""
 
     def __init__(
         self,
@@ -250,10 +256,11 @@ class GrantUploadRequest(_message.Message):
         site: _builtins.str = ...,
         task_id: _builtins.str = ...,
         checksums: _abc.Iterable[_builtins.str] | None = ...,
+        sizes: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksums", b"checksums", "job_id", b"job_id", "site", b"site", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksums", b"checksums", "job_id", b"job_id", "site", b"site", "sizes", b"sizes", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -272,13 +279,24 @@ class UploadGrant(_message.Message):
         URL_FIELD_NUMBER: _builtins.int
         URL_EXPIRES_AT_MS_FIELD_NUMBER: _builtins.int
         PRESENT_FIELD_NUMBER: _builtins.int
+        UPLOAD_ID_FIELD_NUMBER: _builtins.int
+        PART_SIZE_FIELD_NUMBER: _builtins.int
+        PART_URLS_FIELD_NUMBER: _builtins.int
         checksum: _builtins.str
         key: _builtins.str
         url: _builtins.str
-        """presigned PUT of `key`; empty when `present`"""
+        """presigned PUT of `key`; empty when `present` or multipart"""
         url_expires_at_ms: _builtins.int
+        """expiry of `url` or of every part URL"""
         present: _builtins.bool
         """the object exists already: nothing to upload"""
+        upload_id: _builtins.str
+        """Multipart (an array larger than the SJ's part size): PUT bytes
+        [i * part_size, (i + 1) * part_size) to part_urls[i], then CompleteUploadRequest.
+        """
+        part_size: _builtins.int
+        @_builtins.property
+        def part_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
         def __init__(
             self,
             *,
@@ -287,10 +305,13 @@ class UploadGrant(_message.Message):
             url: _builtins.str = ...,
             url_expires_at_ms: _builtins.int = ...,
             present: _builtins.bool = ...,
+            upload_id: _builtins.str = ...,
+            part_size: _builtins.int = ...,
+            part_urls: _abc.Iterable[_builtins.str] | None = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "key", b"key", "present", b"present", "url", b"url", "url_expires_at_ms", b"url_expires_at_ms"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "key", b"key", "part_size", b"part_size", "part_urls", b"part_urls", "present", b"present", "upload_id", b"upload_id", "url", b"url", "url_expires_at_ms", b"url_expires_at_ms"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -311,6 +332,121 @@ class UploadGrant(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UploadGrant: _TypeAlias = UploadGrant  # noqa: Y015
+
+@_typing.final
+class CompleteUploadRequest(_message.Message):
+    """CJ -> SJ RPC (reply: Ack): the parts of a granted multipart upload are in; the SJ completes
+    it. Only an upload the SJ granted to this site, for this key, is accepted.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SITE_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    UPLOAD_ID_FIELD_NUMBER: _builtins.int
+    ETAGS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    site: _builtins.str
+    key: _builtins.str
+    upload_id: _builtins.str
+    @_builtins.property
+    def etags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """one per part, in part order"""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        site: _builtins.str = ...,
+        key: _builtins.str = ...,
+        upload_id: _builtins.str = ...,
+        etags: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["etags", b"etags", "job_id", b"job_id", "key", b"key", "site", b"site", "upload_id", b"upload_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteUploadRequest: _TypeAlias = CompleteUploadRequest  # noqa: Y015
+
+@_typing.final
+class ResignRequest(_message.Message):
+    """CJ -> SJ RPC: fresh presigned GET URLs for objects of this job (a URL in a ref expired)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SITE_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    site: _builtins.str
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """under the job's tensor prefix"""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        site: _builtins.str = ...,
+        keys: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "keys", b"keys", "site", b"site"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResignRequest: _TypeAlias = ResignRequest  # noqa: Y015
+
+@_typing.final
+class SignedUrl(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    URL_EXPIRES_AT_MS_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    url: _builtins.str
+    url_expires_at_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        url: _builtins.str = ...,
+        url_expires_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "url", b"url", "url_expires_at_ms", b"url_expires_at_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignedUrl: _TypeAlias = SignedUrl  # noqa: Y015
+
+@_typing.final
+class ResignReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def urls(self) -> _containers.RepeatedCompositeFieldContainer[Global___SignedUrl]:
+        """in the order of the request's keys"""
+
+    def __init__(
+        self,
+        *,
+        urls: _abc.Iterable[Global___SignedUrl] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["urls", b"urls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResignReply: _TypeAlias = ResignReply  # noqa: Y015
 
 @_typing.final
 class WorkerExit(_message.Message):

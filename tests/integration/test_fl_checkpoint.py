@@ -1,4 +1,5 @@
-"""Checkpoints in real S3: what is written, what a resumed job reads, what is cleaned up."""
+"""Checkpoints in real S3: what is written (refs to the job's content-addressed objects, no
+bytes copied), what a resumed job reads, what is cleaned up."""
 
 from __future__ import annotations
 
@@ -7,10 +8,18 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fedhive.blobs import bundle_to_proto
+from fedhive.blobs import bundle_to_proto, content_key
+from fedhive.blobs.checksum import digest
 from fedhive.errors import FailedPrecondition
-from fedhive.fl.checkpoint import CHECKPOINT_DIR, Checkpoint, load_checkpoint, save_checkpoint
+from fedhive.fl.checkpoint import (
+    CHECKPOINT_DIR,
+    Checkpoint,
+    checkpoint_keys,
+    load_checkpoint,
+    save_checkpoint,
+)
 from fedhive.fl.dxo import DataKind, Dxo
+from fedhive.names import Names
 from tests.fixtures.fl import Federation, FederationFactory
 
 
@@ -27,20 +36,34 @@ def objects(fed: Federation, prefix: str) -> list[str]:
     return sorted(item["Key"] for item in listed.get("Contents", []))
 
 
+def names_of(fed: Federation) -> Names:
+    assert fed.ctx.names is not None
+    return fed.ctx.names
+
+
+def job_prefix(fed: Federation) -> str:
+    return names_of(fed).job_prefix(fed.ctx.job_id)
+
+
 def checkpoint_dir(fed: Federation) -> str:
     names = fed.ctx.names
     return f"{names.job_prefix(fed.ctx.job_id)}{CHECKPOINT_DIR}"
 
 
-def test_save_then_load_and_the_previous_objects_are_deleted(
+def test_arrays_are_stored_at_content_keys_and_the_checkpoint_deletes_nothing(
         federation: FederationFactory) -> None:
     fed = federation(["a"])
     save_checkpoint(fed.ctx, Checkpoint("ScatterAndGather", 0, 5, model(1.0)))
-    first = objects(fed, checkpoint_dir(fed))
+    first = objects(fed, fed.ctx.tensor_prefix)
     assert len(first) == 1  # "big" in an object; "small" inline in the bundle
+    assert first == [content_key(fed.ctx.tensor_prefix, digest(np.full(64, 1.0, np.float32)))]
+    assert checkpoint_keys(fed.ctx) == set(first)
     save_checkpoint(fed.ctx, Checkpoint("ScatterAndGather", 1, 5, model(2.0)))
-    second = objects(fed, checkpoint_dir(fed))
-    assert len(second) == 1 and second != first
+    # The first model's object is left for the round objects' collector (it may be the live
+    # model's); the checkpoint now names only the second's.
+    second = set(objects(fed, fed.ctx.tensor_prefix)) - set(first)
+    assert len(second) == 1 and checkpoint_keys(fed.ctx) == second
+    assert objects(fed, checkpoint_dir(fed)) == []
     loaded = load_checkpoint(fed.ctx, fed.ctx.job_id)
     assert loaded is not None
     assert (loaded.workflow, loaded.round_, loaded.num_rounds) == ("ScatterAndGather", 1, 5)
@@ -51,18 +74,34 @@ def test_save_then_load_and_the_previous_objects_are_deleted(
     np.testing.assert_array_equal(arrays["small"], [2.0])
 
 
-def test_a_model_of_refs_is_kept_as_refs_and_never_deleted(
+def test_a_model_of_refs_is_kept_as_the_same_refs_no_bytes_copied(
         federation: FederationFactory) -> None:
     fed = federation(["a"])
     lazy = fed.wire(model(3.0))  # as a site's result: refs under the job's tensor prefix
     assert lazy.data["big"].key.startswith(fed.ctx.tensor_prefix)
+    before = objects(fed, job_prefix(fed))
     save_checkpoint(fed.ctx, Checkpoint("Cyclic", 0, 2, lazy))
-    assert objects(fed, checkpoint_dir(fed)) == []
-    save_checkpoint(fed.ctx, Checkpoint("Cyclic", 1, 2, model(4.0)))
-    assert fed.ctx.store is not None and fed.ctx.store.exists(lazy.data["big"].key)
+    assert objects(fed, job_prefix(fed)) == sorted(
+        [*before, names_of(fed).job_checkpoint_key(fed.ctx.job_id)])
     loaded = load_checkpoint(fed.ctx, fed.ctx.job_id)
-    assert loaded is not None and loaded.round_ == 1
-    np.testing.assert_array_equal(fed.materialized(loaded.model).data["small"], [4.0])
+    assert loaded is not None
+    assert {name: (ref.key, ref.checksum) for name, ref in loaded.model.data.items()} == {
+        name: (ref.key, ref.checksum) for name, ref in lazy.data.items()}
+    np.testing.assert_array_equal(fed.materialized(loaded.model).data["small"], [3.0])
+
+
+def test_objects_of_an_older_checkpoint_format_are_deleted(
+        federation: FederationFactory) -> None:
+    fed = federation(["a"])
+    assert fed.ctx.store is not None and fed.ctx.codec is not None
+    old = fed.ctx.codec.pack({"big": np.ones(64, np.float32)}, checkpoint_dir(fed))
+    legacy = old[0].key
+    fed.ctx.store.put(names_of(fed).job_checkpoint_key(fed.ctx.job_id), bundle_to_proto(
+        old, {"workflow": "X", "round": 0, "num_rounds": 1, "data_kind": "WEIGHTS"},
+    ).SerializeToString())
+    assert objects(fed, checkpoint_dir(fed)) == [legacy]
+    save_checkpoint(fed.ctx, Checkpoint("ScatterAndGather", 0, 5, model(1.0)))
+    assert objects(fed, checkpoint_dir(fed)) == []
 
 
 def test_no_checkpoint_and_a_malformed_one(federation: FederationFactory) -> None:

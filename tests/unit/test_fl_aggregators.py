@@ -157,3 +157,57 @@ def test_collect_aggregator_keeps_each_site_result() -> None:
     assert result.meta["sites"]["b"] == {"data_kind": "WEIGHTS", "meta": {STEPS: 3}}
     anything.reset()
     assert anything.collected() == {}
+
+
+def test_half_precision_is_averaged_in_float32_and_comes_back_in_its_dtype() -> None:
+    agg = InTimeAccumulateWeightedAggregator()
+    a = {"h": torch.tensor([1.0, 3.0], dtype=torch.bfloat16),
+         "f": np.array([1.0, 2.0], np.float16)}
+    b = {"h": torch.tensor([2.0, 4.0], dtype=torch.bfloat16),
+         "f": np.array([2.0, 4.0], np.float16)}
+    agg.accept("a", Dxo(DataKind.WEIGHTS, a))
+    agg.accept("b", Dxo(DataKind.WEIGHTS, b))
+    result = agg.aggregate().data
+    assert result["h"].dtype == torch.bfloat16 and result["h"].tolist() == [1.5, 3.5]
+    assert result["f"].dtype == np.float16 and result["f"].tolist() == [1.5, 3.0]
+
+
+def test_bfloat16_rounding_is_torch_s() -> None:
+    from fedhive.fl.model_store import from_compute
+
+    values = np.concatenate([np.random.default_rng(0).standard_normal(10_000) * 1e3,
+                             [np.inf, -np.inf, np.nan, 0.0, -0.0, 3.4e38]]).astype(np.float32)
+    bits = from_compute(values, "bfloat16")
+    expected = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy()
+    nan = np.isnan(values)
+    np.testing.assert_array_equal(bits.view(np.int16)[~nan], expected[~nan])
+    assert torch.from_numpy(bits[nan].view(np.int16)).view(torch.bfloat16).isnan().all()
+
+
+def test_results_must_fit_the_global_model_and_the_reason_names_round_site_tensor() -> None:
+    agg = InTimeAccumulateWeightedAggregator()
+    model = Dxo(DataKind.WEIGHTS, {"w": np.zeros(3, np.float32), "t": torch.zeros(2)})
+    agg.begin_round(5, model)
+    assert agg.accept("a", Dxo(DataKind.WEIGHTS, {"w": np.zeros(3, np.float64)})) == (
+        False, "round 5 site a: tensor 'w' has dtype float64, the global model's is float32")
+    assert agg.accept("a", Dxo(DataKind.WEIGHTS, {"t": torch.zeros(3)})) == (
+        False, "round 5 site a: tensor 't' has shape (3,), the global model's is (2,)")
+    assert agg.accept("a", Dxo(DataKind.WEIGHTS, {"w": [1.0, 2.0, 3.0]})) == (  # type: ignore
+        False, "round 5 site a: tensor 'w' is a list, not an array")
+    # a tensor the model lacks must match the first site's
+    assert agg.accept("a", Dxo(DataKind.WEIGHTS, {"extra": np.ones(2, np.float32)}))[0]
+    assert agg.accept("b", Dxo(DataKind.WEIGHTS, {"extra": np.ones(4, np.float32)})) == (
+        False, "round 5 site b: tensor 'extra' has shape (4,), other sites sent (2,)")
+    agg.begin_round(6, model)  # a new round forgets them all
+    assert agg.sites == [] and agg.aggregate().data == {}
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    ({"in_time_mb": -1}, "in_time_mb"),
+    ({"stream_memory_mb": "lots"}, "stream_memory_mb"),
+    ({"stream_workers": 0}, "stream_workers"),
+])
+def test_bad_streaming_arguments_name_the_field(args: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        InTimeAccumulateWeightedAggregator(**args)  # type: ignore[arg-type]
+    assert caught.value.field == field

@@ -74,9 +74,14 @@ def test_torch_persistor_round_trips_the_module_state(ctx: WorkflowContext) -> N
     assert torch.equal(state["bias"], torch.zeros(2))
     fresh = TorchModelPersistor(model=torch.nn.Linear(3, 2))
     assert torch.equal(fresh.load(ctx).data["weight"], torch.ones(2, 3))
-    with pytest.raises(RuntimeError, match="size mismatch"):
+    with pytest.raises(InvalidArgument, match=r"tensor 'weight' has shape \(3, 3\), the "
+                       r"module's is \(2, 3\)"):
         persistor.save(ctx, Dxo(DataKind.WEIGHTS, {"weight": np.ones((3, 3), np.float32),
                                                    "bias": np.zeros(2, np.float32)}), 2)
+    with pytest.raises(InvalidArgument, match=r"missing \['bias'\], unexpected \['b'\]"):
+        persistor.save(ctx, Dxo(DataKind.WEIGHTS, {"weight": np.ones((2, 3), np.float32),
+                                                   "b": np.zeros(2, np.float32)}), 2)
+    assert torch.equal(net.weight.detach(), torch.ones(2, 3))  # refused before any copy
 
 
 def test_torch_persistor_needs_a_module() -> None:
@@ -100,9 +105,10 @@ def test_generator_weights_replace_named_arrays_and_diffs_add() -> None:
                 {"note": 1})
     task = gen.learnable_to_shareable(model)
     assert task.data_kind is DataKind.WEIGHTS and task.data.keys() == model.data.keys()
-    updated = gen.shareable_to_learnable(Dxo(DataKind.WEIGHTS, {"w": np.full(2, 5.0)}), model)
+    updated = gen.shareable_to_learnable(
+        Dxo(DataKind.WEIGHTS, {"w": np.full(2, 5.0, np.float32)}), model)
     assert updated.data["w"].tolist() == [5.0, 5.0] and updated.data["bn"] is model.data["bn"]
-    diff = Dxo(DataKind.WEIGHT_DIFF, {"w": np.full(2, 0.5)})
+    diff = Dxo(DataKind.WEIGHT_DIFF, {"w": np.full(2, 0.5, np.float32)})
     added = gen.shareable_to_learnable(diff, model)
     assert added.data["w"].tolist() == [1.5, 1.5] and added.data["w"].dtype == np.float32
     assert added.meta == {"note": 1}
@@ -112,7 +118,10 @@ def test_generator_weights_replace_named_arrays_and_diffs_add() -> None:
 
 @pytest.mark.parametrize(("dxo", "message"), [
     (Dxo(DataKind.WEIGHT_DIFF, {"x": np.ones(2)}), "lacks"),
-    (Dxo(DataKind.WEIGHTS, {"w": np.ones(3)}), "shape"),
+    (Dxo(DataKind.WEIGHTS, {"w": np.ones(3)}), r"tensor 'w' has shape \(3,\)"),
+    (Dxo(DataKind.WEIGHTS, {"w": np.ones(2, np.float32)}),
+     "tensor 'w' has dtype float32, the model's is float64"),
+    (Dxo(DataKind.WEIGHT_DIFF, {"w": np.ones(2, np.float16)}), "has dtype float16"),
     (Dxo(DataKind.METRICS, {}), "cannot update"),
 ])
 def test_generator_rejects_what_cannot_update_the_model(dxo: Dxo, message: str) -> None:

@@ -3,9 +3,11 @@
 Server side: the server-job process (`server_job`) runs the workflows of an app's
 config_fed_server.json (`workflow`), which hand out work through the task API (`controller`,
 `task_manager`); the transport to the sites is `task_server`. Site side: the client job's
-`worker` loop runs the `executor`s of config_fed_client.json. Both speak `Dxo`s whose arrays
-travel as tensor refs (`dxo`). Built-in workflows, aggregators, persistors: `workflows`,
-`aggregators`, `persistors`, `shareables`.
+`worker` loop runs the `executor`s of config_fed_client.json, in process or, through
+`client_api_executor`, in a trainer subprocess that uses `fedhive.client`. Both speak `Dxo`s
+whose arrays travel as content-addressed tensor refs (`dxo`); the server reads and writes
+models tensor by tensor (`model_store`). Built-in workflows, aggregators, persistors:
+`workflows`, `aggregators`, `persistors`, `shareables`.
 """
 
 from fedhive.fl.controller import Controller

@@ -2,13 +2,19 @@
 
     save_checkpoint(ctx, Checkpoint("ScatterAndGather", round_=3, num_rounds=10, model=dxo))
     checkpoint = load_checkpoint(ctx, old_job_id)   # None when that job wrote none
+    checkpoint_keys(ctx)                            # the objects this job's checkpoint names
 
 One object per job, `Names.job_checkpoint_key(job_id)`: a `TensorBundle` whose meta holds the
-workflow, the round and the model's kind and meta, and whose refs are the model's arrays:
-packed under `{job_prefix}checkpoint/` (small ones inline), or, for a model that is still refs
-(the cyclic workflow forwards sites' results unread), those refs as they are. Once the new
-bundle is written, the objects of the one it replaced are deleted; a crash in between leaves
-the previous checkpoint whole or the new one, never a bundle pointing at deleted objects.
+workflow, the round and the model's kind and meta, and whose refs are the model's: the
+workflows keep the global model as refs to the job's content-addressed tensor objects, and the
+checkpoint names those same objects (no bytes are copied; URLs are dropped: a checkpoint is
+read with credentials). Arrays, when a caller checkpoints some, are stored first, at their
+content keys under the job's tensor prefix (small ones inline in the bundle).
+
+A checkpoint deletes no tensor object: the round objects' collector (`ModelStore.collect`)
+keeps every object `checkpoint_keys` names, so a crash at any point leaves a checkpoint whose
+objects all exist. (Objects under `{job_prefix}checkpoint/`, where earlier versions packed a
+checkpoint's arrays, are deleted once a new bundle replaces the one naming them.)
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from fedhive.blobs import TensorRef, bundle_from_proto, bundle_to_proto
 from fedhive.errors import BlobNotFound, FailedPrecondition, FedhiveError
 from fedhive.fl.dxo import DataKind, Dxo
+from fedhive.fl.model_store import ModelStore, ModelWriter
 from fedhive.names import Names
 from fedhive.proto.v1 import common_pb2
 
@@ -55,12 +62,11 @@ def save_checkpoint(ctx: WorkflowContext, checkpoint: Checkpoint) -> None:
         raise FailedPrecondition("the workflow context has no tensor codec", field="codec")
     directory = f"{names.job_prefix(ctx.job_id)}{CHECKPOINT_DIR}"
     model = checkpoint.model
-    arrays = {name: value for name, value in model.data.items()
-              if not isinstance(value, TensorRef)}
-    packed = {ref.name: ref for ref in ctx.codec.pack(arrays, directory)} if arrays else {}
+    writer = ModelStore.of(ctx).writer() if not all(
+        isinstance(value, TensorRef) for value in model.data.values()) else None
     # URLs expire and are for sites; a checkpoint is read with credentials.
-    refs = [replace(value if isinstance(value, TensorRef) else packed[name], url="",
-                    url_expires_at_ms=0) for name, value in model.data.items()]
+    refs = [replace(value, url="", url_expires_at_ms=0) if isinstance(value, TensorRef)
+            else _put(writer, name, value) for name, value in model.data.items()]
     meta = {"workflow": checkpoint.workflow, "round": checkpoint.round_,
             "num_rounds": checkpoint.num_rounds, "data_kind": model.data_kind.value,
             "model_meta": model.meta}
@@ -75,6 +81,22 @@ def save_checkpoint(ctx: WorkflowContext, checkpoint: Checkpoint) -> None:
             ctx.log.warning("checkpoint.delete_failed", key=stale, error=str(err))
     ctx.log.info("checkpoint.saved", workflow=checkpoint.workflow, round=checkpoint.round_,
                  tensors=len(refs), objects=len(keep - {""}))
+
+
+def _put(writer: ModelWriter | None, name: str, value: Any) -> TensorRef:
+    assert writer is not None
+    return writer.put(name, value)
+
+
+def checkpoint_keys(ctx: WorkflowContext) -> set[str]:
+    """The objects this job's checkpoint names (empty when it has none)."""
+    store = _store(ctx)
+    try:
+        message = common_pb2.TensorBundle.FromString(
+            store.get(job_names(ctx).job_checkpoint_key(ctx.job_id)))
+    except BlobNotFound:
+        return set()
+    return {ref.key for ref in message.tensors if ref.key}
 
 
 def _keys_of(store: BlobStore, key: str, directory: str) -> set[str]:

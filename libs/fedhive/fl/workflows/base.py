@@ -1,5 +1,14 @@
-"""What the built-in workflows share: argument checks, materializing results, per-round
-reports, checkpoints and resume."""
+"""What the built-in workflows share: argument checks, results, per-round reports, the global
+model kept as refs, checkpoints and resume, and deleting round objects.
+
+The global model lives in S3 between rounds (a Dxo of refs to the job's content-addressed
+tensor objects): the persistor's initial model is stored tensor by tensor, a resumed
+checkpoint's refs are copied into this job (so it never depends on, nor deletes, the old
+job's objects), aggregators and shareable generators are bound to the job's `ModelStore`
+and write the new model tensor by tensor. After each round `end_round` deletes the objects
+the round made or received that neither the new global model nor the job's checkpoint names
+(the previous model, the sites' results), then gives freed memory back to the system.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +16,14 @@ import math
 from typing import Any, ClassVar
 
 from fedhive.errors import FedhiveError, InvalidArgument, WorkflowFailed
-from fedhive.fl.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from fedhive.fl.aggregators import Aggregator
+from fedhive.fl.checkpoint import Checkpoint, checkpoint_keys, load_checkpoint, save_checkpoint
 from fedhive.fl.components import ComponentError
 from fedhive.fl.controller import Controller
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey
+from fedhive.fl.model_store import ModelStore, release_memory
 from fedhive.fl.persistors import ModelPersistor
+from fedhive.fl.shareables import ShareableGenerator
 from fedhive.fl.tasks import ClientTask
 from fedhive.fl.workflow import RoundReport, WorkflowContext, component
 
@@ -78,10 +90,38 @@ class BaseWorkflow(Controller):
         if ctx.store is None or ctx.codec is None or ctx.names is None:
             raise ComponentError(f"workflow {self.name!r}: the server job gave it no blob "
                                  "store, codec or names")
+        self.models = ModelStore.of(ctx)
+
+    def run(self, ctx: WorkflowContext) -> None:
+        """Controller.run; a workflow that fails or is aborted then deletes the round objects
+        its checkpoint does not name (what a resumed job needs is the checkpoint)."""
+        try:
+            super().run(ctx)
+        except BaseException:
+            self._discard()
+            raise
+        if self.aborted:
+            self._discard()
+
+    def _discard(self) -> None:
+        models = getattr(self, "models", None)
+        if models is None:
+            return
+        try:
+            models.collect([], protect=checkpoint_keys(self.ctx))
+        except FedhiveError as err:  # leftovers cost space, not correctness
+            self.ctx.log.warning("workflow.cleanup_failed", workflow=self.name, error=str(err))
 
     def find(self, field: str, cid: str, kind: type) -> Any:
         """The component `cid` named by `field`, checked to be a `kind` (ComponentError)."""
         return component(self.ctx, self.name, field, cid, kind)
+
+    def bind(self, *parts: Aggregator | ShareableGenerator | None) -> None:
+        """Give aggregators and generators this workflow's ModelStore (again at each run: a
+        component two workflows share works for the one running)."""
+        for part in parts:
+            if part is not None:
+                part.bind(self.models)
 
     def min_sites(self, field: str, value: int) -> None:
         if value > len(self.ctx.sites):
@@ -93,8 +133,11 @@ class BaseWorkflow(Controller):
         assert self.ctx.store is not None  # checked by prepare
         return dxo.materialized(self.ctx.store) if dxo.is_lazy else dxo
 
-    def result_of(self, client_task: ClientTask) -> tuple[Dxo | None, str]:
-        """A site's result, materialized, or (None, why it is an error)."""
+    def result_of(self, client_task: ClientTask, *, materialize: bool = False,
+                  ) -> tuple[Dxo | None, str]:
+        """A site's result (lazy: refs; read when `materialize`), or (None, why it is an
+        error). The objects it names are tracked: deleted after the round unless the new
+        model keeps them."""
         result = client_task.result
         if result is None:
             return None, "no result"
@@ -102,10 +145,22 @@ class BaseWorkflow(Controller):
             return None, f"{result.return_code}: {result.error}".rstrip(": ")
         if result.dxo is None:
             return None, "the result carries no data"
+        self.models.track(result.dxo)
+        if not materialize:
+            return result.dxo, ""
         try:
             return self.materialized(result.dxo), ""
         except FedhiveError as err:
             return None, f"its data cannot be read: {err}"
+
+    def accept(self, aggregator: Aggregator, site: str, dxo: Dxo) -> tuple[bool, str, str]:
+        """(accepted, why rejected, why unreadable): `aggregator.accept` with a result whose
+        data cannot be read (a missing object, a checksum mismatch) told apart, as an error."""
+        try:
+            accepted, reason = aggregator.accept(site, dxo)
+        except FedhiveError as err:
+            return False, "", f"its data cannot be read: {err}"
+        return accepted, reason, ""
 
     def report(self, round_: int, num_rounds: int,
                results: dict[str, tuple[dict[str, Any], float]]) -> None:
@@ -116,6 +171,13 @@ class BaseWorkflow(Controller):
 
     def checkpoint(self, round_: int, num_rounds: int, model: Dxo) -> None:
         save_checkpoint(self.ctx, Checkpoint(self.name, round_, num_rounds, model))
+
+    def end_round(self, *live: Dxo) -> None:
+        """After a round: delete the round objects that neither `live` (the global model) nor
+        the job's checkpoint names; give freed memory back."""
+        self.models.track(*live)
+        self.models.collect(live, protect=checkpoint_keys(self.ctx))
+        release_memory()
 
     def resumed(self) -> Checkpoint | None:
         """The checkpoint of `ctx.resume_from` when it is this workflow's, else None (logged):
@@ -137,14 +199,15 @@ class BaseWorkflow(Controller):
 
     def starting_point(self, persistor: ModelPersistor | None,
                        start_round: int) -> tuple[Dxo, int]:
-        """The global model and first round: the resumed checkpoint's model and the round after
-        it, else the persistor's initial model (empty without one) and `start_round`."""
+        """The global model (refs of this job) and first round: the resumed checkpoint's model
+        and the round after it, else the persistor's initial model (empty without one) and
+        `start_round`."""
         checkpoint = self.resumed()
         if checkpoint is not None:
-            return self.materialized(checkpoint.model), checkpoint.round_ + 1
+            return self.models.as_refs(checkpoint.model), checkpoint.round_ + 1
         if persistor is None:
             return Dxo(DataKind.WEIGHTS, {}), start_round
-        return persistor.load(self.ctx), start_round
+        return self.models.as_refs(persistor.load(self.ctx)), start_round
 
     def fail(self, message: str) -> WorkflowFailed:
         self.ctx.log.error("workflow.failed", workflow=self.name, reason=message)

@@ -10,6 +10,9 @@
 
 Validate task data: the model (WEIGHTS) with meta {"model_owner": owner}; a validation result:
 a METRICS Dxo with meta {"metrics": {...}}.
+
+The persistor's model goes out as refs too (stored tensor by tensor); once every validation is
+done, the submitted models' objects are deleted (not those the job's checkpoint names).
 """
 
 from __future__ import annotations
@@ -96,7 +99,8 @@ class CrossSiteModelEval(BaseWorkflow):
         open_tasks.add(submit.id)
         self.broadcast(submit, targets=participants, min_responses=len(participants))
         if self.persistor is not None:
-            events.put(("model", (f"SRV_{self.persistor_id}", self.persistor.load(self.ctx))))
+            model = self.models.as_refs(self.persistor.load(self.ctx))
+            events.put(("model", (f"SRV_{self.persistor_id}", model)))
         while open_tasks or not events.empty():
             if self.aborted:
                 return
@@ -116,6 +120,7 @@ class CrossSiteModelEval(BaseWorkflow):
             open_tasks.add(task.id)
             self.broadcast(task, targets=targets, min_responses=len(targets))
         self._write()
+        self.end_round()
 
     def _validate_task(self, owner: str, model: Dxo, done: Any) -> Task:
         with self._lock:
@@ -134,6 +139,7 @@ class CrossSiteModelEval(BaseWorkflow):
             self.ctx.log.warning("workflow.model_not_submitted", workflow=self.name, site=site,
                                  reason=why)
             return
+        self.models.track(result.dxo)
         events.put(("model", (site, result.dxo)))
 
     def _on_validation(self, owner: str, client_task: ClientTask) -> None:

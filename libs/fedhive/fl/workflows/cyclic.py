@@ -9,7 +9,12 @@ read and added to the model. A site that does not take its turn within
 `task_assignment_timeout` seconds is passed over. A site's error result ends the workflow, as
 does EARLY_TERMINATION unless `allow_early_termination` (then it stops after the round, model
 persisted). The model is persisted every `persist_every_n_rounds` rounds and at the end, and
-checkpointed every `snapshot_every_n_rounds` rounds and at the end.
+checkpointed every `snapshot_every_n_rounds` rounds and at the end. A result of the wrong shape
+or dtype for the model ends the workflow like an error result.
+
+The model stays in S3 (refs; see `workflows.base`): a WEIGHT_DIFF is added tensor by tensor,
+the persistor writes the file tensor by tensor, and after each round the objects no longer
+needed (the previous sites' models) are deleted.
 """
 
 from __future__ import annotations
@@ -95,28 +100,30 @@ class Cyclic(BaseWorkflow):
                                                    ModelPersistor)
         self.generator: ShareableGenerator = self.find(
             "shareable_generator_id", self.shareable_generator_id, ShareableGenerator)
+        self.bind(self.generator)
 
     def control_flow(self) -> None:
-        checkpoint = self.resumed()
-        if checkpoint is not None:
-            model, first = checkpoint.model, checkpoint.round_ + 1
-        else:
-            model, first = self.persistor.load(self.ctx), 0
+        self.bind(self.generator)
+        model, first = self.starting_point(self.persistor, 0)
         number = first - 1
         for number in range(first, self.num_rounds):
             if self.aborted:
                 return
             state = self._round(number, model)
-            model = state.model
+            if self.aborted:
+                return
+            model = self.models.as_refs(state.model)
             last = number == self.num_rounds - 1 or state.stop
-            if last or every_n(number, self.persist_every_n_rounds):
-                self.persistor.save(self.ctx, self.materialized(model), number)
             if last or every_n(number, self.snapshot_every_n_rounds):
                 self.checkpoint(number, self.num_rounds, model)
+            self.end_round(model)
+            self.report(number, self.num_rounds, state.results)
+            if last or every_n(number, self.persist_every_n_rounds):
+                self.persistor.save(self.ctx, model, number)
             if state.stop:
                 return
         if first >= self.num_rounds:  # resumed after the last round
-            self.persistor.save(self.ctx, self.materialized(model), number)
+            self.persistor.save(self.ctx, model, number)
 
     def targets(self) -> list[str]:
         active = self.active_sites()
@@ -154,7 +161,6 @@ class Cyclic(BaseWorkflow):
             self.ctx.log.warning("workflow.round_without_results", workflow=self.name,
                                  round=number, status=str(task.completion_status))
         self._last = task.client_tasks[-1].site if task.client_tasks else self._last
-        self.report(number, self.num_rounds, state.results)
         return state
 
     def _task_data(self, state: _Round) -> Dxo:
@@ -180,8 +186,10 @@ class Cyclic(BaseWorkflow):
             self.cancel_task(client_task.task, CompletionStatus.ERROR)
             return
         dxo = result.dxo
+        self.models.track(dxo)
         try:
-            if dxo.data_kind is DataKind.WEIGHT_DIFF:  # added to the model: both must be read
+            if not self.generator.accepts_lazy and dxo.data_kind is DataKind.WEIGHT_DIFF:
+                # a generator of its own that cannot read refs: give it arrays
                 dxo, state.model = self.materialized(dxo), self.materialized(state.model)
             state.model = self.generator.shareable_to_learnable(dxo, state.model)
         except FedhiveError as err:

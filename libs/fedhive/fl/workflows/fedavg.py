@@ -8,7 +8,13 @@ DIFF one is added), report the round, save the model through the persistor and c
 round's sample-weighted site metrics and ends the workflow early once met; with `patience`,
 so does that many rounds in a row without the key improving. A site's error result ends the
 workflow (FLARE's model controller does the same); a site that leaves mid-round is no longer
-waited for, and the round goes on with the results it got.
+waited for, and the round goes on with the results it got. A result whose data cannot be
+read (a missing object, a checksum mismatch) is such an error; one of the wrong shape or dtype
+for the global model is rejected (logged) and the round goes on.
+
+The global model stays in S3 between rounds (refs; see `workflows.base`), the built-in
+aggregators stream large results (`InTimeAccumulateWeightedAggregator`), and after each
+round the objects no longer needed are deleted.
 """
 
 from __future__ import annotations
@@ -97,8 +103,10 @@ class FedAvg(BaseWorkflow):
             {kind: InTimeAccumulateWeightedAggregator(expected_data_kind=kind)
              for kind in (DataKind.WEIGHTS, DataKind.WEIGHT_DIFF)} if not self.aggregator_id
             else {DataKind.WEIGHTS: self.find("aggregator_id", self.aggregator_id, Aggregator)})
+        self.bind(*self.aggregators.values(), self._generator)
 
     def control_flow(self) -> None:
+        self.bind(*self.aggregators.values(), self._generator)
         total = self.start_round + self.num_rounds
         if self.persistor is None:
             self.ctx.log.warning("workflow.no_persistor", workflow=self.name)
@@ -143,7 +151,7 @@ class FedAvg(BaseWorkflow):
         if not clients:
             raise self.fail(f"round {number}: no site is left in the job")
         for aggregator in self.aggregators.values():
-            aggregator.reset()
+            aggregator.begin_round(number, model)
         state = _Round(number)
         data = FLModel(params=dict(model.data), params_type=ParamsType.FULL,
                        current_round=number, total_rounds=total).to_dxo()
@@ -161,24 +169,35 @@ class FedAvg(BaseWorkflow):
                             f"{task.completion_status})")
         for aggregator in self.aggregators.values():
             aggregate = aggregator.aggregate()
+            for site, error in aggregator.failed.items():
+                raise self.fail(f"round {number}: the result of {site} is bad ({error}); "
+                                f"{self.name} exiting")
             if aggregate.data:
                 model = self._generator.shareable_to_learnable(aggregate, model)
+        model = self.models.as_refs(model)
+        self.checkpoint(number, total, model)
+        self.end_round(model)
         self.report(number, total, state.results)
         if self.persistor is not None:
             self.persistor.save(self.ctx, model, number)
-        self.checkpoint(number, total, model)
         return model, weighted_metrics(state.results)
 
     def _on_result(self, state: _Round, client_task: ClientTask) -> None:
         site = client_task.site
-        dxo, error = self.result_of(client_task)
-        if dxo is None:
+        result = client_task.result
+        kind = result.dxo.data_kind if result is not None and result.dxo is not None else None
+        aggregator = self.aggregators.get(kind or DataKind.WEIGHTS,
+                                          self.aggregators[DataKind.WEIGHTS])
+        dxo, error = self.result_of(client_task, materialize=not aggregator.accepts_lazy)
+        accepted, reason = False, ""
+        if dxo is not None:
+            accepted, reason, error = self.accept(aggregator, site, dxo)
+        if error:
             state.fatal = (f"round {state.number}: the result of {site} is bad ({error}); "
                            f"{self.name} exiting")
             self.cancel_task(client_task.task, CompletionStatus.ERROR)
             return
-        aggregator = self.aggregators.get(dxo.data_kind, self.aggregators[DataKind.WEIGHTS])
-        accepted, reason = aggregator.accept(site, dxo)
+        assert dxo is not None
         if not accepted:
             self.ctx.log.warning("workflow.result_rejected", workflow=self.name,
                                  round=state.number, site=site, reason=reason)

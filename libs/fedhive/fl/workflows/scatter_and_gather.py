@@ -9,9 +9,15 @@ global model through the shareable generator, report the round, persist the mode
 
 A site's error result: `ignore_result_error` True ignores it; False ends the workflow;
 None ignores it while the round's targets less its failed sites still number `min_clients`.
-A result the aggregator rejects (wrong data kind, ...) is logged with the reason, the round
-goes on. A site that leaves the job is no longer waited for; fewer than `min_clients` sites
-left ends the workflow.
+A result whose data cannot be read (a missing object, a checksum mismatch: found when the
+aggregator reads it, as it arrives or while it streams the aggregate) is such an error, with a
+reason naming the job, round, site and tensor; nothing it sent reaches the model. A result the
+aggregator rejects (wrong data kind, or a tensor of the wrong shape or dtype for the global
+model) is logged with the reason, the round goes on. A site that leaves the job is no longer
+waited for; fewer than `min_clients` sites left ends the workflow.
+
+The global model stays in S3 between rounds (refs; see `workflows.base`): results reach the
+aggregator as refs, and after each round the objects no longer needed are deleted.
 """
 
 from __future__ import annotations
@@ -94,8 +100,10 @@ class ScatterAndGather(BaseWorkflow):
         self.persistor: ModelPersistor | None = (
             self.find("persistor_id", self.persistor_id, ModelPersistor)
             if self.persistor_id else None)
+        self.bind(self.aggregator, self.generator)
 
     def control_flow(self) -> None:
+        self.bind(self.aggregator, self.generator)
         total = self.start_round + self.num_rounds
         model, first = self.starting_point(self.persistor, self.start_round)
         if not model.data and not self.allow_empty_global_weights:
@@ -114,7 +122,7 @@ class ScatterAndGather(BaseWorkflow):
         if len(targets) < self.min_clients:
             raise self.fail(f"round {number}: {len(targets)} site(s) left in the job, "
                             f"min_clients is {self.min_clients}")
-        self.aggregator.reset()
+        self.aggregator.begin_round(number, model)
         state = _Round(number, targets)
         data = self.generator.learnable_to_shareable(model)
         data.meta.update({MetaKey.CURRENT_ROUND: number, MetaKey.TOTAL_ROUNDS: total})
@@ -134,37 +142,55 @@ class ScatterAndGather(BaseWorkflow):
         if task.completion_status is CompletionStatus.ERROR:
             raise self.fail(f"round {number}: the {self.train_task_name} task ended in error")
         if state.results:
-            model = self.generator.shareable_to_learnable(self.aggregator.aggregate(), model)
-        else:
+            aggregate = self.aggregator.aggregate()
+            for site, error in self.aggregator.failed.items():
+                with state.lock:
+                    state.results.pop(site, None)
+                if not self._error(state, site, error):
+                    raise self.fail(state.fatal)
+            if not self.generator.accepts_lazy:  # one of its own that cannot read refs
+                aggregate, model = self.materialized(aggregate), self.materialized(model)
+            model = self.models.as_refs(self.generator.shareable_to_learnable(aggregate, model))
+        if not state.results:
             self.ctx.log.warning("workflow.round_without_results", workflow=self.name,
                                  round=number, status=str(task.completion_status))
-        self.report(number, total, state.results)
         last = number == total - 1
-        if self.persistor is not None and (last or every_n(number, self.persist_every_n_rounds)):
-            self.persistor.save(self.ctx, model, number)
         if last or every_n(number, self.snapshot_every_n_rounds):
             self.checkpoint(number, total, model)
+        self.end_round(model)
+        self.report(number, total, state.results)
+        if self.persistor is not None and (last or every_n(number, self.persist_every_n_rounds)):
+            self.persistor.save(self.ctx, model, number)
         return model
+
+    def _error(self, state: _Round, site: str, error: str) -> bool:
+        """Record `site`'s error result; False (and `state.fatal` set) when it ends the
+        workflow, per `ignore_result_error` and `min_clients`."""
+        with state.lock:
+            state.failed[site] = error
+            left = len(state.targets) - len(state.failed)
+        if self.ignore_result_error or (self.ignore_result_error is None
+                                        and left >= self.min_clients):
+            self.ctx.log.warning("workflow.result_error_ignored", workflow=self.name,
+                                 round=state.number, site=site, error=error)
+            return True
+        state.fatal = f"round {state.number}: the result of {site} is an error ({error})"
+        return False
 
     def _on_result(self, state: _Round, client_task: ClientTask) -> None:
         site = client_task.site
-        dxo, error = self.result_of(client_task)
-        if dxo is None:
-            with state.lock:
-                state.failed[site] = error
-                left = len(state.targets) - len(state.failed)
-            if self.ignore_result_error or (self.ignore_result_error is None
-                                            and left >= self.min_clients):
-                self.ctx.log.warning("workflow.result_error_ignored", workflow=self.name,
-                                     round=state.number, site=site, error=error)
-                return
-            state.fatal = f"round {state.number}: the result of {site} is an error ({error})"
-            self.cancel_task(client_task.task, CompletionStatus.ERROR)
+        dxo, error = self.result_of(client_task, materialize=not self.aggregator.accepts_lazy)
+        accepted, reason = False, ""
+        if dxo is not None:
+            accepted, reason, error = self.accept(self.aggregator, site, dxo)
+        if error:
+            if not self._error(state, site, error):
+                self.cancel_task(client_task.task, CompletionStatus.ERROR)
             return
-        accepted, reason = self.aggregator.accept(site, dxo)
         if not accepted:
             self.ctx.log.warning("workflow.result_rejected", workflow=self.name,
                                  round=state.number, site=site, reason=reason)
             return
+        assert dxo is not None
         with state.lock:
             state.results[site] = (site_metrics(dxo), steps_of(dxo))

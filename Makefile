@@ -39,7 +39,7 @@ demo: setup
 
 # Each script prints JSON and writes bench/results/<name>.json; bench/RESULTS.md says how to read them.
 bench: setup infra
-	for name in blobs jobs heartbeats scheduling rounds; do $(PY) bench/$$name.py || exit 1; done
+	for name in blobs jobs heartbeats scheduling rounds large_model; do $(PY) bench/$$name.py || exit 1; done
 
 # Proves the NVML path on a machine with a GPU (detection, distinct device ids, CUDA_VISIBLE_DEVICES
 # seen by a child); exits 2 with one line where there is no GPU. Tests never need a GPU.

@@ -71,7 +71,7 @@ def _train(data: dict[str, Any], round_: int, total: int) -> Dxo:
 
 
 def test_every_example_is_found() -> None:
-    assert NAMES == ["cross-site-eval", "cyclic-numpy", "hello-numpy", "hello-pt"]
+    assert NAMES == ["cross-site-eval", "cyclic-numpy", "hello-large", "hello-numpy", "hello-pt"]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -3,8 +3,8 @@ the server job's workspace as the job's result, write the final status, forget t
 
 The result (the workspace zipped, a final model of any size included) is built and uploaded
 streaming: files are copied into a temporary zip in 1 MiB chunks (members from `STORE_FROM`
-bytes stored, not deflated) and the store uploads a memory map of the zip (multipart, in
-parts), so the runner's memory does not grow with the model.
+bytes stored, not deflated) and the zip is uploaded part by part (`BlobStore.put_file`), so
+the runner's memory does not grow with the model.
 
 Every step is idempotent, so the monitor, an abort and a restarted runner may all run it for
 the same job; the final status is a compare-and-set, so exactly one of them writes it.
@@ -12,7 +12,6 @@ the same job; the final status is a compare-and-set, so exactly one of them writ
 
 from __future__ import annotations
 
-import mmap
 import os
 import shutil
 import stat
@@ -21,7 +20,6 @@ import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fedhive.blobs import BlobStore
 from fedhive.errors import (
     FedhiveError,
     IllegalTransition,
@@ -103,7 +101,7 @@ def store_result(ctx: RunnerContext, entry: RunEntry) -> str:
     key = ctx.names.job_result_key(entry.job_id)
     with tempfile.TemporaryFile(dir=entry.workspace, prefix=".result-") as archive:
         write_result_zip(folder, archive)
-        upload_file(ctx.blobs, key, archive)
+        ctx.blobs.put_file(key, archive)
     return key
 
 
@@ -131,21 +129,6 @@ def write_result_zip(folder: Path, out: BinaryIO) -> None:
                 info.file_size = size  # decides zip64
                 with archive.open(info, "w") as member:
                     shutil.copyfileobj(source, member, _CHUNK)
-
-
-def upload_file(blobs: BlobStore, key: str, file: BinaryIO) -> None:
-    """Upload the whole of `file` (an open regular file) to `key` without reading it into
-    memory: the store streams a memory map of it (multipart when large), with the runner's own
-    credentials and endpoint."""
-    if os.fstat(file.fileno()).st_size == 0:
-        blobs.put(key, b"")
-        return
-    with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        view = memoryview(mapped)
-        try:
-            blobs.put(key, view)
-        finally:
-            view.release()
 
 
 def site_states(entry: RunEntry) -> dict[str, dict[str, Any]]:

@@ -15,7 +15,7 @@ import pytest
 from fedhive.blobs import BlobStore
 from fedhive.errors import InvalidArgument
 from fedhive.jobs.archive import write_zip
-from fedhive_services.job_runner.finish import upload_file, write_result_zip
+from fedhive_services.job_runner.finish import write_result_zip
 
 MiB = 1024 * 1024
 
@@ -75,7 +75,7 @@ def test_the_upload_never_holds_the_whole_zip(
         size = archive.tell()
         tracemalloc.start()
         try:
-            upload_file(blob_store, key, archive)
+            blob_store.put_file(key, archive)
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()

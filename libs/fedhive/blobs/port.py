@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, runtime_checkable
 
 Bytes = bytes | bytearray | memoryview
 
@@ -73,6 +73,10 @@ class BlobStore(RangeFetcher, Protocol):
     def put(self, key: str, body: Bytes | Sequence[Bytes]) -> None:
         """Store the concatenation of `body` (one buffer or several); large bodies go multipart,
         streamed from the buffers without a joined copy."""
+        ...
+
+    def put_file(self, key: str, file: BinaryIO) -> None:
+        """Store what an open binary file holds, read part by part (never whole)."""
         ...
 
     def get(self, key: str) -> bytes: ...

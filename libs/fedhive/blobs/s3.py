@@ -18,10 +18,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
 import boto3
 import structlog
+from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import (
     ClientError,
@@ -176,6 +177,19 @@ class S3BlobStore:
             )
         else:
             self._put_multipart(key, views, total)
+
+    def put_file(self, key: str, file: BinaryIO) -> None:
+        # boto3's transfer manager: parts read from the file as they go (workers x part size
+        # in memory at most), multipart above the threshold, retried per part.
+        config = TransferConfig(multipart_threshold=self._multipart_threshold,
+                                multipart_chunksize=self._part_size,
+                                max_concurrency=self._workers, use_threads=True)
+
+        def once() -> None:
+            file.seek(0)
+            self._client.upload_fileobj(file, self._bucket, key, Config=config)
+
+        self._call("writing", key, once)
 
     def get(self, key: str) -> bytes:
         def once() -> bytes:

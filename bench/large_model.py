@@ -53,8 +53,8 @@ import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -64,7 +64,7 @@ sys.path.insert(0, str(ROOT))  # for tests.fixtures (the service launchers, Seaw
 
 import psutil  # noqa: E402
 from s3_proxy import CountingProxy  # noqa: E402  (beside this script)
-from scheduling import site_users, start_scheduler, submit, wait_final  # noqa: E402
+from scheduling import running_services, submit, wait_final  # noqa: E402
 from support import bench_settings, write_results  # noqa: E402
 
 from fedhive.blobs import S3BlobStore, bundle_from_proto  # noqa: E402
@@ -76,13 +76,10 @@ from fedhive.names import Names  # noqa: E402
 from fedhive.proto.v1 import common_pb2  # noqa: E402
 from fedhive.state import RedisStateStore  # noqa: E402
 from tests.fixtures.gateway import clean_namespace  # noqa: E402
-from tests.fixtures.infra import stop_process, wait_for  # noqa: E402
-from tests.fixtures.job_runner import REPO, RunnerProcess  # noqa: E402
-from tests.fixtures.job_store import JobStoreProcess, service_env, stage  # noqa: E402
-from tests.fixtures.site_agent import SiteAgentProcess, write_site  # noqa: E402
+from tests.fixtures.hello_large import hello_large  # noqa: E402
+from tests.fixtures.job_store import stage  # noqa: E402
 
 MiB = 1024 * 1024
-EXAMPLE = ROOT / "examples" / "hello-large"
 SAMPLE_S = 0.05
 # Process roles by command line (the forked server job has its fork server's command line:
 # a fork-server process whose parent is the fork server is a server job).
@@ -270,77 +267,6 @@ def cpu_by_role(peaks: Sequence[ProcessPeak]) -> dict[str, float]:
 
 
 # services -------------------------------------------------------------------------------------
-class PublicEndpointRunner(RunnerProcess):
-    """The job-runner (and so its server jobs) with FEDHIVE_S3_PUBLIC_ENDPOINT_URL set."""
-
-    def start(self) -> PublicEndpointRunner:
-        env = service_env(self.settings)
-        public = getattr(self.settings, "s3_public_endpoint_url", None)
-        if public:
-            env["FEDHIVE_S3_PUBLIC_ENDPOINT_URL"] = public
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fedhive_services.job_runner.main", *self.args],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(self._serving, timeout=30, what="the job-runner to serve")
-        return self
-
-
-@contextmanager
-def running_services(settings: Settings, tmp: Path,
-                     sites: Sequence[str]) -> Iterator[tuple[RabbitBus, RedisStateStore]]:
-    """bench/scheduling.py's services (max_jobs 1), the runner with the public endpoint."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    with ExitStack() as stack:
-        bus = RabbitBus(settings, name="bench-large-model")
-        stack.callback(bus.close)
-        state = RedisStateStore.from_settings(settings)
-        stack.callback(state.close)
-        job_store = JobStoreProcess(settings, tmp / "job-store.log")
-        stack.callback(job_store.stop)
-        job_store.start()
-        job_store.wait_ready(bus)
-        stack.callback(PublicEndpointRunner(settings, tmp).start().stop)
-        urls = stack.enter_context(site_users(settings, sites))
-        for site in sites:
-            site_dir = write_site(tmp / site, site=site, broker_url=urls[site],
-                                  namespace=settings.namespace)
-            stack.callback(SiteAgentProcess(site, site_dir, settings.namespace, bus)
-                           .launch().stop)
-        wait_for(lambda: set(sites) <= set(state.online_sites()), timeout=60,
-                 what="the sites to come online")
-        stack.callback(stop_process, start_scheduler(settings, tmp / "scheduler.log", 1))
-        yield bus, state
-
-
-# the job --------------------------------------------------------------------------------------
-def job_archive(size_mib: float, tensors: int, sites: int, rounds: int,
-                frozen_fraction: float) -> bytes:
-    """examples/hello-large with the model size, tensor count, sites, rounds and frozen
-    fraction of this run."""
-    app = EXAMPLE / "app"
-    meta = json.loads((EXAMPLE / "meta.json").read_text())
-    meta["min_clients"] = sites
-    server = json.loads((app / "config" / "config_fed_server.json").read_text())
-    server["components"][0]["args"].update(size_mib=size_mib, num_tensors=tensors)
-    server["workflows"][0]["args"].update(num_clients=sites, num_rounds=rounds)
-    client = json.loads((app / "config" / "config_fed_client.json").read_text())
-    executor = client["executors"][0]["executor"]["args"]
-    executor["command"] = executor["command"].replace(
-        "--frozen-fraction 0.0", f"--frozen-fraction {frozen_fraction}")
-    files = {"meta.json": json.dumps(meta),
-             "app/config/config_fed_server.json": json.dumps(server),
-             "app/config/config_fed_client.json": json.dumps(client)}
-    for path in (app / "custom").glob("*.py"):
-        files[f"app/custom/{path.name}"] = path.read_text()
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for name, text in files.items():
-            archive.writestr(f"hello-large/{name}", text)
-    return buffer.getvalue()
-
-
 class RangedObject(io.RawIOBase):
     """A seekable read-only view of an S3 object through ranged reads (a zip's directory and
     one member, without downloading the whole result)."""
@@ -438,8 +364,9 @@ class Bench:
             result["skipped"] = f"{available:.1f} GiB of memory available, {memory:.1f} needed"
             return result
         names = Names(self.settings.namespace)
-        staged = stage(self.store, names, job_archive(size_mib, tensors, len(sites),
-                                                      self.rounds, frozen_fraction))
+        archive = hello_large(sites=len(sites), size_mib=size_mib, tensors=tensors,
+                              rounds=self.rounds, frozen_fraction=frozen_fraction)
+        staged = stage(self.store, names, archive)
         self.sampler.reset()
         started = time.time()
         job_id = submit(bus, names, staged)
@@ -700,14 +627,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                  for size in args.sizes]
         if args.frozen_size:
             plan.append((args.frozen_size, args.frozen_fraction, False))
-        with running_services(settings, tmp / "two", two) as (bus, state):
+        (tmp / "two").mkdir(parents=True)
+        with running_services(settings, tmp / "two", two, max_jobs=1) as (bus, state):
             for size, frozen, compare in plan:
                 runs.append(guarded(bench.run_job, bus, state, two, size, frozen, compare))
                 if "error" in runs[-1]:
                     break  # the job may still hold the scheduler's only slot
         if args.eight_sites:
             eight = [f"{namespace}-s{n}" for n in range(1, 9)]
-            with running_services(settings, tmp / "eight", eight) as (bus, state):
+            (tmp / "eight").mkdir(parents=True)
+            with running_services(settings, tmp / "eight", eight, max_jobs=1) as (bus, state):
                 runs.append(guarded(bench.run_job, bus, state, eight, args.eight_sites_size))
     results = headline(runs, args.sizes)
     results.update(

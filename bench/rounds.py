@@ -45,6 +45,7 @@ from tests.fixtures.gateway import clean_namespace  # noqa: E402
 from tests.fixtures.job_store import stage  # noqa: E402
 
 MODEL_FLOATS = 256 * 1024  # 1 MiB of float32
+HEARTBEAT_S = 5.0  # fedhive-site-agent's default
 TRAINER = '''
 import time
 
@@ -109,7 +110,11 @@ def run_sites(count: int, rounds: int) -> dict[str, Any]:
         names = Names(namespace)
         blobs = S3BlobStore.from_settings(settings)
         try:
-            with running_services(settings, Path(tmp), sites, max_jobs=1) as (bus, state):
+            # the product's heartbeat interval (the test fixtures' 0.5 s would add 16 to 32
+            # heartbeats a second to what the 2 cores do during rounds)
+            with running_services(settings, Path(tmp), sites, max_jobs=1,
+                                  runner_args=("--site-ttl", str(3 * HEARTBEAT_S)),
+                                  heartbeat_interval_s=HEARTBEAT_S) as (bus, state):
                 staged = stage(blobs, names, job_archive(sites, rounds))
                 (record,) = wait_final(state, [submit(bus, names, staged)], 300)
                 assert record.status == JobStatus.FINISHED_COMPLETED, record.status_reason

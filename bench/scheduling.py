@@ -95,9 +95,11 @@ def start_scheduler(settings: Settings, log_path: Path, max_jobs: int) -> subpro
 
 
 @contextmanager
-def running_services(settings: Settings, tmp: Path, sites: Sequence[str],
-                     max_jobs: int) -> Iterator[tuple[RabbitBus, RedisStateStore]]:
-    """Job-store, job-runner (with the heartbeat intake), the site agents (online) and the
+def running_services(settings: Settings, tmp: Path, sites: Sequence[str], max_jobs: int,
+                     runner_args: Sequence[str] = (), **site_fields: Any,
+                     ) -> Iterator[tuple[RabbitBus, RedisStateStore]]:
+    """Job-store, job-runner (with the heartbeat intake; `runner_args` added to the test
+    fixture's), the site agents (online; their site.json takes `site_fields`) and the
     scheduler; a client bus and the state store. Everything is stopped on exit."""
     with ExitStack() as stack:
         bus = RabbitBus(settings, name="bench-scheduling")
@@ -108,11 +110,11 @@ def running_services(settings: Settings, tmp: Path, sites: Sequence[str],
         stack.callback(job_store.stop)
         job_store.start()
         job_store.wait_ready(bus)
-        stack.callback(RunnerProcess(settings, tmp).start().stop)
+        stack.callback(RunnerProcess(settings, tmp, *runner_args).start().stop)
         urls = stack.enter_context(site_users(settings, sites))
         for site in sites:
             site_dir = write_site(tmp / site, site=site, broker_url=urls[site],
-                                  namespace=settings.namespace)
+                                  namespace=settings.namespace, **site_fields)
             stack.callback(SiteAgentProcess(site, site_dir, settings.namespace, bus)
                            .launch().stop)
         wait_for(lambda: set(sites) <= set(state.online_sites()), timeout=30,

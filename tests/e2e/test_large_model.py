@@ -15,8 +15,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
-import zipfile
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -27,9 +25,9 @@ import pytest
 from fedhive.blobs import S3BlobStore
 from fedhive.jobs.status import JobStatus
 from tests.fixtures.e2e import System
+from tests.fixtures.hello_large import EXAMPLE, hello_large
 from tests.fixtures.infra import wait_for
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hello-large"
 MiB = 1024 * 1024
 
 
@@ -41,31 +39,6 @@ def custom_module(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def hello_large(*, sites: int, size_mib: float, tensors: int, rounds: int,
-                frozen_fraction: float = 0.0) -> bytes:
-    """The example's job with this model size, tensor count, rounds and frozen fraction."""
-    app = EXAMPLE / "app"
-    meta = json.loads((EXAMPLE / "meta.json").read_text())
-    meta["min_clients"] = sites
-    server = json.loads((app / "config" / "config_fed_server.json").read_text())
-    server["components"][0]["args"].update(size_mib=size_mib, num_tensors=tensors)
-    server["workflows"][0]["args"].update(num_clients=sites, num_rounds=rounds)
-    client = json.loads((app / "config" / "config_fed_client.json").read_text())
-    args = client["executors"][0]["executor"]["args"]
-    args["command"] = args["command"].replace("--frozen-fraction 0.0",
-                                              f"--frozen-fraction {frozen_fraction}")
-    files = {"meta.json": json.dumps(meta),
-             "app/config/config_fed_server.json": json.dumps(server),
-             "app/config/config_fed_client.json": json.dumps(client)}
-    for path in (app / "custom").glob("*.py"):
-        files[f"app/custom/{path.name}"] = path.read_text()
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for name, text in files.items():
-            archive.writestr(f"hello-large/{name}", text)
-    return buffer.getvalue()
 
 
 def completed(system: System, job_id: str, timeout: float) -> Any:

@@ -75,6 +75,9 @@ def site_metrics(dxo: Dxo) -> dict[str, Any]:
     return dict(metrics) if isinstance(metrics, dict) else {}
 
 
+RELEASE_MEMORY_FROM = 64 * 1024 * 1024  # stored model bytes from which a round ends with gc
+
+
 class BaseWorkflow(Controller):
     """A Controller with the helpers the built-in workflows use; `self.ctx` is set by
     `prepare` (and again by `run`)."""
@@ -174,10 +177,13 @@ class BaseWorkflow(Controller):
 
     def end_round(self, *live: Dxo) -> None:
         """After a round: delete the round objects that neither `live` (the global model) nor
-        the job's checkpoint names; give freed memory back."""
+        the job's checkpoint names; give freed memory back when the model is large (a full
+        garbage collection costs tens of ms, most of a small model's round)."""
         self.models.track(*live)
         self.models.collect(live, protect=checkpoint_keys(self.ctx))
-        release_memory()
+        stored = sum(ref.length for dxo in live for ref in dxo.refs() if ref.key)
+        if stored >= RELEASE_MEMORY_FROM:
+            release_memory()
 
     def resumed(self) -> Checkpoint | None:
         """The checkpoint of `ctx.resume_from` when it is this workflow's, else None (logged):

@@ -77,11 +77,8 @@ def metrics_json(job_id: str, rounds: list[RoundMetrics]) -> dict[str, Any]:
 
 
 def metric_names(rounds: list[RoundMetrics]) -> list[str]:
-    """Every aggregate metric name, in the order first reported."""
-    names: dict[str, None] = {}
-    for entry in rounds:
-        names.update(dict.fromkeys(entry.aggregate))
-    return list(names)
+    """Every aggregate metric name, sorted (a Struct on the wire keeps no key order)."""
+    return sorted({name for entry in rounds for name in entry.aggregate})
 
 
 def metrics_table(job_id: str, rounds: list[RoundMetrics]) -> Table:

@@ -13,14 +13,13 @@ import urllib.request
 import uuid
 import zipfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from google.protobuf.message import Message
 
 from fedhive.blobs import S3BlobStore
-from fedhive.bus import Delivery
 from fedhive.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -31,113 +30,24 @@ from fedhive.errors import (
 )
 from fedhive.jobs.definition import load_job
 from fedhive.jobs.record import JobMeta, Submitter
-from fedhive.jobs.serde import event_from_proto, status_to_proto
+from fedhive.jobs.serde import status_to_proto
 from fedhive.jobs.status import JobStatus
-from fedhive.names import Names
 from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2
 from fedhive.sites.heartbeat import SiteHeartbeat
 from fedhive.state import JobUpdate, RedisStateStore
 from fedhive.state.rounds import RoundLog
-from fedhive_services.job_store.context import JobStoreContext, job_id_for
-from fedhive_services.job_store.handlers import make_handler
+from fedhive_services.job_store.context import job_id_for
 from tests.fixtures.infra import wait_for
 from tests.fixtures.job_store import invalid_job_zip, job_zip, stage
-from tests.fixtures.state import path_to
+from tests.fixtures.job_store_handlers import ALICE, BOB, Store, handler_store
 
 S = JobStatus
-ALICE = job_pb2.Submitter(name="alice", org="org-a", role="lead")
-BOB = job_pb2.Submitter(name="bob", org="org-b", role="lead")
-
-
-@dataclass
-class RecordedEvents:
-    """Stands in for the bus's `publish_event`; `fail_next` simulates a crash at the publish."""
-
-    published: list[tuple[str, Message, str | None]] = field(default_factory=list)
-    fail_next: bool = False
-
-    def publish_event(
-        self, routing_key: str, message: Message, *, message_id: str | None = None
-    ) -> str:
-        if self.fail_next:
-            self.fail_next = False
-            raise ConnectionError("broker gone (simulated crash)")
-        self.published.append((routing_key, message, message_id))
-        return message_id or ""
-
-    def statuses(self, job_id: str) -> list[str]:
-        return [
-            key.removeprefix("job.status.")
-            for key, message, _ in self.published
-            if event_from_proto(message).job_id == job_id  # type: ignore[arg-type]
-        ]
-
-
-@dataclass
-class Store:
-    ctx: JobStoreContext
-    events: RecordedEvents
-    names: Names
-
-    @property
-    def state(self) -> RedisStateStore:
-        assert isinstance(self.ctx.state, RedisStateStore)
-        return self.ctx.state
-
-    @property
-    def blobs(self) -> S3BlobStore:
-        assert isinstance(self.ctx.blobs, S3BlobStore)
-        return self.ctx.blobs
-
-    def call(
-        self, request: Message, *, message_id: str | None = None, redelivered: bool = False
-    ) -> Message:
-        delivery = Delivery(
-            queue=self.names.service_queue("job-store"),
-            message_id=message_id or uuid.uuid4().hex,
-            type_name=request.DESCRIPTOR.full_name,
-            routing_key=self.names.service_queue("job-store"),
-            redelivered=redelivered,
-            delivery_count=int(redelivered),
-            user_id=None,
-            reply_to=None,
-            correlation_id=None,
-            timestamp=None,
-        )
-        reply = make_handler(self.ctx)(request, delivery)
-        assert reply is not None  # every job-store request is an RPC with a reply
-        return reply
-
-    def submit(
-        self, data: bytes, submitter: job_pb2.Submitter = ALICE, submission_id: str = "",
-        message_id: str | None = None,
-    ) -> admin_pb2.SubmitJobReply:
-        request = jobstore_pb2.StoreSubmitJob(
-            staging_key=stage(self.blobs, self.names, data), submitter=submitter,
-            submission_id=submission_id,
-        )
-        reply = self.call(request, message_id=message_id)
-        assert isinstance(reply, admin_pb2.SubmitJobReply)
-        return reply
-
-    def objects(self, prefix: str) -> list[str]:
-        client = self.blobs._client  # test-side listing; the port has no list operation
-        listed = client.list_objects_v2(Bucket=self.blobs.bucket, Prefix=prefix)
-        return sorted(item["Key"] for item in listed.get("Contents", []))
-
-    def move_to(self, job_id: str, target: JobStatus) -> None:
-        for new in path_to(target):
-            self.state.change_status(job_id, self.state.get_job(job_id).status, new, "test")
 
 
 @pytest.fixture
 def store(redis_state: RedisStateStore, job_store_blobs: S3BlobStore, round_log: RoundLog
           ) -> Iterator[Store]:
-    events = RecordedEvents()
-    names = Names(redis_state._names.ns)
-    ctx = JobStoreContext(state=redis_state, blobs=job_store_blobs, events=events,
-                          runner=_RunnerAnswering(), names=names, rounds=round_log)
-    yield Store(ctx, events, names)
+    yield handler_store(redis_state, job_store_blobs, round_log, _RunnerAnswering())
 
 
 # submit ---------------------------------------------------------------------------------------

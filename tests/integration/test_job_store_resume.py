@@ -6,42 +6,25 @@ The `Store` harness is test_job_store_handlers.py's.
 
 from __future__ import annotations
 
-from typing import NoReturn
-
 import pytest
-from google.protobuf.message import Message
 
 from fedhive.blobs import S3BlobStore
 from fedhive.errors import FailedPrecondition, NotFound
 from fedhive.jobs.status import JobStatus
-from fedhive.names import Names
 from fedhive.proto.v1 import admin_pb2, jobstore_pb2
 from fedhive.state import RedisStateStore
 from fedhive.state.rounds import RoundLog
-from fedhive_services.job_store.context import JobStoreContext
 from fedhive_services.job_store.submit import RESUMABLE
 from tests.fixtures.job_store import job_zip
-from tests.integration.test_job_store_handlers import BOB, RecordedEvents, Store
+from tests.fixtures.job_store_handlers import BOB, NoRunner, Store, handler_store
 
 S = JobStatus
-
-
-class _NoRunner:
-    """Resume never reaches the job-runner."""
-
-    def call(self, queue: str, request: Message, reply_type: type[Message], *,
-             timeout: float) -> NoReturn:
-        raise AssertionError(f"unexpected job-runner call {type(request).__name__}")
 
 
 @pytest.fixture
 def store(redis_state: RedisStateStore, job_store_blobs: S3BlobStore, round_log: RoundLog
           ) -> Store:
-    names = Names(redis_state._names.ns)
-    events = RecordedEvents()
-    ctx = JobStoreContext(state=redis_state, blobs=job_store_blobs, events=events,
-                          runner=_NoRunner(), names=names, rounds=round_log)
-    return Store(ctx, events, names)
+    return handler_store(redis_state, job_store_blobs, round_log, NoRunner())
 
 
 def _ended(store: Store, status: JobStatus, *, checkpoint: bool = True,

@@ -112,11 +112,15 @@ class Settings:
         return self.amqp_url.startswith("amqps://")
 
 
-def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment to hand a child process (a server or client job): this process's own
-    (PATH, PYTHONPATH, locale, the FEDHIVE_*/AWS_* variables its Settings came from) plus
-    `extra`, which wins (e.g. the CUDA_VISIBLE_DEVICES of a resource consumer)."""
-    return {**os.environ, **(extra or {})}
+def child_environment(extra: Mapping[str, str] | None = None, *,
+                      drop: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment to hand a child process (a server or client job, a trainer): this
+    process's own (PATH, PYTHONPATH, locale, the FEDHIVE_*/AWS_* variables its Settings came
+    from) less the variables whose names start with one of `drop` (credentials a trainer must
+    not get), plus `extra`, which wins (e.g. the CUDA_VISIBLE_DEVICES of a resource consumer)."""
+    kept = {name: value for name, value in os.environ.items()
+            if not (drop and name.startswith(drop))}
+    return {**kept, **(extra or {})}
 
 
 def environment_values(names: Sequence[str]) -> dict[str, str | None]:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fedhive.config import Settings
+from fedhive.config import Settings, child_environment
 from fedhive.errors import ConfigError
 
 
@@ -91,3 +91,15 @@ def test_settings_are_frozen() -> None:
     settings = Settings()
     with pytest.raises(AttributeError):
         settings.namespace = "other"  # type: ignore[misc]
+
+
+def test_a_child_environment_drops_what_it_is_told_and_takes_the_extras(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FEDHIVE_AMQP_URL", "amqp://site:secret@broker/")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
+    monkeypatch.setenv("FEDHIVE_LOG_LEVEL", "DEBUG")
+    env = child_environment({"FEDHIVE_SITE": "site-1"}, drop=("FEDHIVE_AMQP_URL", "AWS_"))
+    assert "FEDHIVE_AMQP_URL" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["FEDHIVE_LOG_LEVEL"] == "DEBUG" and env["FEDHIVE_SITE"] == "site-1"
+    assert child_environment()["FEDHIVE_AMQP_URL"] == "amqp://site:secret@broker/"

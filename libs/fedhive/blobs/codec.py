@@ -76,6 +76,13 @@ class PackStats:
     bytes_present: int = 0
 
 
+def inline_budget_for(threshold: int, budget: int | None = None) -> int:
+    """How many bytes one message may carry inline: `budget`, or by default 8 arrays at the
+    threshold (so a model of many small arrays cannot swell one message past the broker's
+    limit)."""
+    return 8 * threshold if budget is None else budget
+
+
 class TensorCodec:
     def __init__(
         self,
@@ -93,7 +100,7 @@ class TensorCodec:
         self._inline_threshold = (
             settings.inline_threshold if inline_threshold is None else inline_threshold
         )
-        self._inline_budget = 8 * self._inline_threshold if inline_budget is None else inline_budget
+        self._inline_budget = inline_budget_for(self._inline_threshold, inline_budget)
         self._url_ttl = url_ttl
         self._workers = max(1, workers)
         self._part_size = part_size

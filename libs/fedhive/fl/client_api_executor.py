@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedhive.blobs import inline_budget_for
 from fedhive.client.pipe import (
     ENV_FD,
     ENV_JOB_ID,
@@ -59,6 +60,7 @@ from fedhive.client.pipe import (
     PipeClosed,
     error_reply,
 )
+from fedhive.config import child_environment
 from fedhive.errors import FedhiveError, MalformedMessage
 from fedhive.fl.dxo import Dxo, dxo_from_proto, dxo_to_proto
 from fedhive.fl.executor import ExecTask, ServerChannel, TaskError
@@ -140,17 +142,14 @@ class ClientAPIExecutor:
     # internals ----------------------------------------------------------------------------
     def _launch(self, task: ExecTask, where: str) -> _Trainer:
         app = task.workspace
-        env = {name: value for name, value in os.environ.items()
-               if not name.startswith(_SECRETS)}
-        custom = str(app / "custom")
+        env = child_environment({ENV_JOB_ID: task.job_id, ENV_SITE: task.site,
+                                 ENV_WORKSPACE: str(app)}, drop=_SECRETS)
         env["PYTHONPATH"] = os.pathsep.join(
-            [custom, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
-        env.update({ENV_JOB_ID: task.job_id, ENV_SITE: task.site, ENV_WORKSPACE: str(app)})
+            [str(app / "custom"), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
         config = client_pb2.TrainerConfig(
             job_id=task.job_id, site=task.site, workspace=str(app),
             inline_threshold=task.inline_threshold,
-            inline_budget=(8 * task.inline_threshold if task.inline_budget is None
-                           else task.inline_budget),
+            inline_budget=inline_budget_for(task.inline_threshold, task.inline_budget),
             memory_hygiene=self.memory_hygiene, filters_json=json.dumps(self.filters))
         try:
             trainer = _Trainer.start(self.argv, app, env, config, task.log)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from fedhive.blobs import TensorKind, TensorRef, checksum, content_key, unpack
+from fedhive.blobs import TensorKind, TensorRef, checksum, content_key, inline_budget_for, unpack
 from fedhive.blobs.dtypes import (
     bfloat16_bits_to_float32,
     bytes_to_numpy,
@@ -212,7 +212,7 @@ class ModelStore:
         self.job_id = job_id
         self.log = log
         self.inline_threshold = max(0, inline_threshold)
-        self.inline_budget = 8 * self.inline_threshold if inline_budget is None else inline_budget
+        self.inline_budget = inline_budget_for(self.inline_threshold, inline_budget)
         self._workers = workers
         self._part_size = part_size
         self._lock = threading.Lock()

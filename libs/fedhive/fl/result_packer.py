@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedhive.blobs import RangeFetcher, TensorKind, TensorRef, checksum, unpack
+from fedhive.blobs import RangeFetcher, TensorKind, TensorRef, checksum, inline_budget_for, unpack
 from fedhive.blobs.dtypes import ByteArray, is_torch_tensor, numpy_to_bytes, torch_to_bytes
 from fedhive.blobs.port import MultipartGrant, PresignedUrl
 from fedhive.blobs.transfer import as_byte_view
@@ -80,7 +80,7 @@ class ResultPacker:
         self._fetcher = fetcher
         self._uploader = uploader
         self._threshold = inline_threshold
-        self._budget = 8 * inline_threshold if inline_budget is None else inline_budget
+        self._budget = inline_budget_for(inline_threshold, inline_budget)
         self._workers = upload_workers
 
     def pack(self, dxo: Dxo, channel: UploadChannel) -> task_pb2.Dxo:

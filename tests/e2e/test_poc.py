@@ -49,9 +49,10 @@ class Poc:
         return ["--dir", str(self.root), "--port", str(self.port), "--namespace",
                 self.namespace, "--site-prefix", self.sites[0][:-1]]
 
-    def run(self, *args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([FEDHIVE, *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+    def run(self, *args: str, timeout: float = 150,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([FEDHIVE, *args], env=self.env if env is None else env,
+                              capture_output=True, text=True, timeout=timeout, check=False)
 
     def cli(self, *args: str) -> Any:
         """A job/site command as the POC admin (through the CLI config the POC wrote)."""
@@ -162,11 +163,16 @@ def test_start_status_stop_leaves_no_process(poc: Poc) -> None:
     assert after.returncode == 1 and "No POC is running" in after.stdout
 
 
-def test_a_taken_port_fails_cleanly_with_one_line(poc: Poc) -> None:
+# The two commands that start a POC (`make demo` runs the second), for tests of both.
+STARTS = {"poc-start": ("poc", "start"), "demo": ("demo", "--examples", str(EXAMPLES))}
+
+
+@pytest.mark.parametrize("command", STARTS.values(), ids=STARTS.keys())
+def test_a_taken_port_fails_cleanly_with_one_line(poc: Poc, command: tuple[str, ...]) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", poc.port))
         taken.listen()
-        done = poc.run("poc", "start", *poc.options)
+        done = poc.run(*command, *poc.options)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         f"error: port {poc.port} (gateway) is already in use: stop the program listening "

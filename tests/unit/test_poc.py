@@ -3,22 +3,25 @@ environments, process handling, checks (tests/e2e/test_poc.py runs the whole thi
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from fedhive.auth import hash_token
 from fedhive.config import Settings
 from fedhive.errors import InvalidArgument, PocFailed
-from fedhive.poc import checks, procs
+from fedhive.poc import checks, infra, procs
 from fedhive.poc.demo import find_examples
 from fedhive.poc.layout import MARKER, PocLayout
+from fedhive.poc.s3server import free_ports
 from fedhive.poc.services import admin_token, commands, environment
-from fedhive.poc.start import PocOptions
+from fedhive.poc.start import PocOptions, _ended
 from fedhive.poc.state import PocState, ProcessEntry, load_state
 from fedhive.poc.stop import _tiers
 
@@ -126,3 +129,60 @@ def test_examples_are_found_or_named(tmp_path: Path) -> None:
     assert find_examples(repo_examples) == repo_examples
     with pytest.raises(PocFailed, match="hello-numpy and hello-pt are not in"):
         find_examples(tmp_path)
+
+
+def test_a_full_disk_is_one_line_naming_it(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """What tests/e2e/test_poc_bad_input.py does with a small tmpfs, where it may not mount."""
+    free = {"mib": 100}
+    monkeypatch.setattr(checks.shutil, "disk_usage",
+                        lambda _: SimpleNamespace(free=free["mib"] << 20))
+
+    def full(how: str, root: Path = tmp_path) -> str:
+        return (f"disk full: {how} on the disk of {root}, a POC needs 512 MiB: free some "
+                "space, or pass --dir on another disk")
+
+    with pytest.raises(PocFailed) as err:
+        checks.disk_space(tmp_path / "poc")  # not there yet: the disk of its parent
+    assert str(err.value) == full("100 MiB free", tmp_path / "poc")
+    # after a failed start: a write that found no space, or a disk now full, is the cause
+    with pytest.raises(PocFailed) as err:
+        checks.blame_the_disk(tmp_path, OSError(errno.ENOSPC, "No space left on device"))
+    assert str(err.value) == full("no space left")
+    checks.blame_the_disk(tmp_path, PocFailed("gateway ended at start"))  # 100 MiB: not it
+    free["mib"] = 3
+    with pytest.raises(PocFailed) as err:
+        checks.blame_the_disk(tmp_path, PocFailed("gateway ended at start"))
+    assert str(err.value) == full("3 MiB free")
+
+
+def test_a_port_taken_from_the_s3_server_while_it_started(tmp_path: Path) -> None:
+    """Its ports are picked free just before it starts: another program may be faster."""
+    state = PocState(str(tmp_path), "poc", ["site-1"], "127.0.0.1:1", "", True, "")
+    log = tmp_path / "seaweedfs.log"
+    log.write_text("E1123 mini.go:1244 Port allocation failed\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        weed = ProcessEntry("seaweedfs", 1, 1.0, str(log), ["weed", "mini", f"-s3.port={port}"])
+        assert _ended(state, weed) == (
+            f"port {port} (-s3.port of the embedded S3 server) was taken while it started: run "
+            "the command again (it picks other free ports)")
+    assert _ended(state, weed) == (f"seaweedfs ended at start: E1123 mini.go:1244 Port "
+                                   f"allocation failed; see {log}")
+
+
+def test_an_s3_server_that_does_not_answer_is_named() -> None:
+    url = f"http://127.0.0.1:{free_ports(1)[0]}"
+    with pytest.raises(PocFailed) as err:
+        checks.s3_answers(url)
+    assert str(err.value) == (f"S3 does not answer at {url} (FEDHIVE_S3_ENDPOINT_URL): start "
+                              "it, or unset FEDHIVE_S3_ENDPOINT_URL to use the embedded SeaweedFS")
+
+
+def test_a_command_of_the_infrastructure_that_hangs_is_one_line() -> None:
+    argv = [sys.executable, "-c", "import time; time.sleep(30)"]
+    with pytest.raises(PocFailed) as err:
+        infra._run(argv, 1, "start it yourself")
+    assert str(err.value) == f"`{' '.join(argv)}` did not finish within 1 s: start it yourself"

@@ -36,7 +36,8 @@ from fedhive.cli.poc import (
     run_start,
 )
 from fedhive.config import Settings
-from fedhive.errors import FedhiveError
+from fedhive.errors import FedhiveError, PocFailed
+from fedhive.poc import checks
 from fedhive.poc.demo import (
     EXAMPLES,
     JobProgress,
@@ -87,7 +88,7 @@ def demo(
     jobs: list[JobProgress] = []
     results: dict[str, Path] = {}
     demo_seconds = 0.0
-    interrupted, error = False, ""
+    interrupted, failure = False, None
     try:
         with Session(gateway, token) as session:
             jobs = _run_jobs(session, folder, console)
@@ -97,12 +98,17 @@ def demo(
     except KeyboardInterrupt:
         interrupted = True
     except Exception as err:  # whatever it is, the POC is stopped before the one line
-        error = str(err) or type(err).__name__
+        failure = err
     _stop(layout, settings, options, started and not keep, console)
     if interrupted:
         raise _fail("interrupted: stopped everything the demo had started", 130)
-    if error:
-        raise _fail(f"the demo failed: {error}")
+    if failure is not None or not all(job.completed for job in jobs):
+        try:
+            checks.blame_the_disk(layout.root, failure)
+        except PocFailed as err:
+            raise _fail(str(err)) from None
+    if failure is not None:
+        raise _fail(f"the demo failed: {str(failure) or type(failure).__name__}")
     curves = {job.job_id: _curve(job, layout) for job in jobs}
     _summary(console, jobs, results, curves, demo_seconds, layout, started and not keep)
     if record is not None:

@@ -89,6 +89,9 @@ def run_start(options: PocOptions, settings: Settings) -> Started:
         raise _fail("interrupted: stopped everything the POC had started", 130) from None
     except OSError as err:
         raise _fail(f"{err.filename}: {err.strerror}" if err.filename else str(err)) from None
+    except Exception as err:  # a bug: still one line, after everything started was stopped
+        raise _fail(f"the POC did not start ({type(err).__name__}: {err}); everything it had "
+                    "started was stopped: please report it") from None
 
 
 def print_usage(started: Started) -> None:

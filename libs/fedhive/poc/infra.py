@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from fedhive.config import Settings
@@ -87,8 +88,8 @@ def ensure(settings: Settings, say: Say, started: list[str]) -> None:
         _wait(service, 30 if service.key == "redis" else 90)
     if "rabbitmq" in started:
         # the port answers before the node accepts users and permissions
-        subprocess.run(["rabbitmqctl", "await_startup", "--timeout", "60"], capture_output=True,
-                       timeout=90, check=False)
+        _run(["rabbitmqctl", "await_startup", "--timeout", "60"], 90,
+             "see RabbitMQ's log (/var/log/rabbitmq), or start it yourself")
 
 
 def _install(service: Service, say: Say) -> None:
@@ -96,26 +97,45 @@ def _install(service: Service, say: Say) -> None:
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         raise PocFailed(f"{service.title} is not installed ({service.binary} not found): "
-                        f"{install_hint(service.package)}")
+                        f"{install_hint(service.package)}, {_or_elsewhere(service)}")
     say(f"installing {service.package} with apt")
     policy = Path("/usr/sbin/policy-rc.d")  # keep the package's scripts from starting it
     made = not policy.exists()
     if made:
         policy.write_text("#!/bin/sh\nexit 101\n")
         policy.chmod(0o755)
+    fix = (f"make apt work and run `apt-get install -y {service.package}`, "
+           f"{_or_elsewhere(service)}")
     try:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q",
                                                   service.package]):
-            done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600,
-                                  check=False)
+            done = _run(argv, 600, fix, env=env)
             if done.returncode != 0:
-                last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["?"]
-                raise PocFailed(f"{' '.join(argv)} failed ({last[0]}): "
-                                f"{install_hint(service.package)}")
+                raise PocFailed(f"{service.title} is not installed and `{' '.join(argv)}` "
+                                f"failed ({_last_line(done)}): {fix}")
     finally:
         if made:
             policy.unlink(missing_ok=True)
+
+
+def _or_elsewhere(service: Service) -> str:
+    return f"or set {service.variable} to a {service.title} that runs"
+
+
+def _run(argv: list[str], seconds: int, fix: str, **options: Any) -> \
+        subprocess.CompletedProcess[str]:
+    """Run `argv` to its end; one that does not end within `seconds` is killed: PocFailed."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=seconds,
+                              check=False, **options)
+    except subprocess.TimeoutExpired:
+        raise PocFailed(f"`{' '.join(argv)}` did not finish within {seconds} s: {fix}") from None
+
+
+def _last_line(done: subprocess.CompletedProcess[str]) -> str:
+    lines = (done.stderr.strip() or done.stdout.strip()).splitlines()
+    return lines[-1] if lines else f"exit code {done.returncode}"
 
 
 def _start(service: Service) -> None:
@@ -127,12 +147,11 @@ def _start(service: Service) -> None:
         argv = ["rabbitmq-server", "-detached"]
         env = {**os.environ, "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
                "ERL_EPMD_ADDRESS": "127.0.0.1", "RABBITMQ_NODE_PORT": str(service.port)}
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60,
-                          check=False, start_new_session=True)
+    fix = f"start it yourself, e.g. `sudo {' '.join(argv[:2])}`, {_or_elsewhere(service)}"
+    done = _run(argv, 60, fix, env=env, start_new_session=True)
     if done.returncode != 0:
-        why = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["?"]
-        raise PocFailed(f"{service.title} did not start ({' '.join(argv[:2])}: {why[0]}): "
-                        f"start it yourself, e.g. `sudo {' '.join(argv[:2])}`")
+        raise PocFailed(f"{service.title} did not start ({' '.join(argv[:2])}: "
+                        f"{_last_line(done)}): {fix}")
 
 
 def _wait(service: Service, seconds: float) -> None:

@@ -1,7 +1,7 @@
 """Starting a POC: the whole system on this machine, as detached processes.
 
 1. checks (nothing started yet): no POC running in the folder, disk space, the gateway's port,
-   SeaweedFS when it is needed;
+   SeaweedFS when it is needed, else that the S3 server FEDHIVE_S3_ENDPOINT_URL names answers;
 2. RabbitMQ and Redis answer (`infra.ensure`: started, or installed, when local);
 3. the embedded S3 server (unless FEDHIVE_S3_ENDPOINT_URL is set), one broker user per site,
    the site folders, the admins file and the admin's CLI config;
@@ -10,12 +10,14 @@
 
 The state file is rewritten after every step. Whatever fails (or Ctrl-C) stops everything
 started so far (`stop.teardown`, RabbitMQ and Redis included when this start started them) and
-raises one line (`PocFailed`).
+raises one line (`PocFailed`); a failure with the disk full names the disk, whatever failed
+first (`checks.blame_the_disk`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -27,7 +29,13 @@ from fedhive.config import Settings
 from fedhive.errors import ConfigError, FedhiveError, InvalidArgument, PocFailed
 from fedhive.poc import checks, infra, probes, procs
 from fedhive.poc.layout import PocLayout
-from fedhive.poc.s3server import S3Identity, read_identity, weed_argv, write_identity
+from fedhive.poc.s3server import (
+    PORT_OPTIONS,
+    S3Identity,
+    read_identity,
+    weed_argv,
+    write_identity,
+)
 from fedhive.poc.services import admin_token, commands, environment, write_site
 from fedhive.poc.state import PocState, ProcessEntry, load_state
 from fedhive.poc.stop import shielded, teardown
@@ -73,13 +81,15 @@ def start_poc(options: PocOptions, settings: Settings, say: Say = lambda _: None
         checks.disk_space(layout.root)
         checks.port_free(GATEWAY_HOST, options.port, "gateway", "--port")
         weed = checks.weed() if settings.s3_endpoint_url is None else None
-        layout.make()
+        if settings.s3_endpoint_url is not None:
+            checks.s3_answers(settings.s3_endpoint_url)
         state = PocState(
             root=str(layout.root), namespace=settings.namespace, sites=sites,
             gateway=f"{GATEWAY_HOST}:{options.port}",
             s3_endpoint=settings.s3_endpoint_url or "", embedded_s3=weed is not None,
             started_at=datetime.now(UTC).isoformat(timespec="seconds"))
         try:
+            layout.make()
             infra.ensure(settings, say, started=state.infra_started)
             state.save(layout.state_file)
             if weed is not None:
@@ -88,14 +98,17 @@ def start_poc(options: PocOptions, settings: Settings, say: Say = lambda _: None
             _wait_s3(state, options.timeout)
             _start_services(layout, state, settings, say)
             _wait_started(state, options, token, say)
-        except BaseException:
+            state.ready = True
+            state.save(layout.state_file)
+        except BaseException as err:
             with shielded():
-                with contextlib.suppress(Exception):  # e.g. stdout closed: clean up anyway
-                    say("stopping what was started")
+                if state.processes or state.broker_users or state.infra_started:
+                    with contextlib.suppress(Exception):  # e.g. stdout closed: clean up anyway
+                        say("stopping what was started")
                 teardown(state, layout, settings, options.rabbitmqctl, infra_too=True)
+            if isinstance(err, Exception):  # not Ctrl-C
+                checks.blame_the_disk(layout.root, err)
             raise
-        state.ready = True
-        state.save(layout.state_file)
     return Started(state, layout, settings, token)
 
 
@@ -149,6 +162,9 @@ def _prepare(layout: PocLayout, state: PocState, settings: Settings, ctl: Sequen
     except FedhiveError as err:
         raise PocFailed(f"cannot create the sites' broker users ({err}): run as a user who may "
                         "use rabbitmqctl, or pass --rabbitmqctl 'sudo rabbitmqctl'") from None
+    except subprocess.TimeoutExpired as err:
+        raise PocFailed(f"{ctl[0]} did not answer within {err.timeout:.0f} s (creating the sites'"
+                        " broker users): check that RabbitMQ runs (rabbitmqctl status)") from None
     for user in users:
         write_site(layout, user.name, with_user(settings.amqp_url, user.name, user.password),
                    settings.namespace)
@@ -199,20 +215,26 @@ def _wait(state: PocState, ready: Callable[[], bool], timeout: float, what: str)
 
 
 def _ended(state: PocState, entry: ProcessEntry) -> str:
+    taken = _taken_port(state, entry)
+    if taken is not None:
+        return taken
     code = procs.exit_code(entry)
     log = Path(entry.log)
-    if entry.name == "gateway":
-        port = int(state.gateway.rsplit(":", 1)[1])
-        if not _can_listen(port):
-            return checks.port_taken(port, "gateway", "--port")
     said = probes.last_words(log)
     return (f"{entry.name} ended at start{'' if code is None else f' (exit code {code})'}"
             f"{': ' + said if said else ''}; see {log}")
 
 
-def _can_listen(port: int) -> bool:
-    try:
-        checks.port_free(GATEWAY_HOST, port, "gateway", "--port")
-    except PocFailed:
-        return False
-    return True
+def _taken_port(state: PocState, entry: ProcessEntry) -> str | None:
+    """Why a process that listens ended at start, when a port it was given is taken now."""
+    if entry.name == "gateway":
+        port = int(state.gateway.rsplit(":", 1)[1])
+        if not checks.can_listen(GATEWAY_HOST, port):
+            return checks.port_taken(port, "gateway", "--port")
+    if entry.name == "seaweedfs":  # its ports were free when picked: another program was faster
+        for arg in entry.argv:
+            option, _, value = arg.lstrip("-").partition("=")
+            if option in PORT_OPTIONS and not checks.can_listen(GATEWAY_HOST, int(value)):
+                return (f"port {value} (-{option} of the embedded S3 server) was taken while "
+                        "it started: run the command again (it picks other free ports)")
+    return None

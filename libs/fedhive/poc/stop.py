@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import subprocess
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -76,7 +77,7 @@ def teardown(state: PocState, layout: PocLayout, settings: Settings, ctl: Sequen
     if state.broker_users:
         try:
             delete_users(state.broker_users, ctl)
-        except FedhiveError as err:
+        except (FedhiveError, subprocess.SubprocessError) as err:
             report.problems.append(f"broker users {', '.join(state.broker_users)} are left "
                                    f"({err}): python deploy/broker_users.py delete "
                                    f"{' '.join(state.broker_users)}")

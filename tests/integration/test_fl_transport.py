@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import pytest
 import structlog
 
 from fedhive.blobs import BlobStore, TensorCodec, TensorKind, TensorRef, content_key, ref_to_proto
-from fedhive.bus import RabbitBus
+from fedhive.bus import Encoded, RabbitBus
 from fedhive.config import Settings
 from fedhive.errors import InvalidArgument, PermissionDenied
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey
@@ -216,6 +217,36 @@ def test_broadcast_round_trip_inline_and_through_s3(job: Job) -> None:
     with pytest.raises(InvalidArgument, match="is not 'sha256:<64 hex digits>'"):
         job.call("a", task_pb2.GrantUploadRequest(job_id=job.ctx.job_id, site=job.site("a"),
                                                   checksums=["md5:abc"]), task_pb2.UploadGrant)
+
+
+def test_a_broadcast_is_encoded_once_and_signed_again_near_expiry(job: Job) -> None:
+    """Every site of a broadcast gets the same encoded data (packed and presigned once); its
+    URLs are signed again once they come within the margin of their expiry (half the TTL)."""
+    big = np.arange(50_000, dtype=np.float32)  # through S3: its ref carries a presigned URL
+
+    def assignments(server: TaskServer, letters: str) -> list[Any]:
+        task = Task("train", Dxo(DataKind.WEIGHTS, {"big": big}, {MetaKey.CURRENT_ROUND: 0}))
+        job.tasks.broadcast(task, min_responses=2)
+        encoded = []
+        for letter in letters:
+            reply = server.get_task(job.site(letter), 0)
+            assert isinstance(reply, Encoded) and reply.message_type is _A
+            encoded.append((_A.FromString(reply.body), reply.body))
+        job.tasks.cancel(task)
+        return encoded
+
+    service_user = job.server._service_user
+    (a, body_a), (b, body_b) = assignments(TaskServer(job.ctx, service_user=service_user), "ab")
+    assert a.kind == b.kind == _A.KIND_TASK and a.task_id != b.task_id
+    assert a.data == b.data and a.data.tensors[0].url  # one encoding, one signature
+    assert body_a.endswith(_A(data=a.data).SerializeToString())
+
+    short = TaskServer(job.ctx, service_user=service_user, url_ttl_s=2)  # re-sign after 1 s
+    ((first, _),) = assignments(short, "a")
+    time.sleep(1.2)
+    ((second, _),) = assignments(short, "b")
+    assert second.data.tensors[0].url != first.data.tensors[0].url
+    assert second.data.tensors[0].url_expires_at_ms > first.data.tensors[0].url_expires_at_ms
 
 
 def test_executor_errors_and_unknown_tasks_become_results(job: Job) -> None:

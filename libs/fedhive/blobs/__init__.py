@@ -15,7 +15,13 @@ from fedhive.blobs.port import (
 )
 from fedhive.blobs.ref import TensorKind, TensorRef
 from fedhive.blobs.s3 import S3BlobStore
-from fedhive.blobs.serde import bundle_from_proto, bundle_to_proto, ref_from_proto, ref_to_proto
+from fedhive.blobs.serde import (
+    add_ref,
+    bundle_from_proto,
+    bundle_to_proto,
+    ref_from_proto,
+    ref_to_proto,
+)
 from fedhive.blobs.unpack import unpack
 from fedhive.blobs.upload import PresignedUploader
 
@@ -37,6 +43,7 @@ __all__ = [
     "TensorKind",
     "TensorRef",
     "UrlPreparer",
+    "add_ref",
     "bfloat16_bits_to_float32",
     "bundle_from_proto",
     "bundle_to_proto",

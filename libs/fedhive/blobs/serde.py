@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from fedhive.blobs.ref import TensorKind, TensorRef
 from fedhive.errors import InvalidArgument, MalformedMessage
@@ -23,7 +24,17 @@ _FROM_PROTO = {wire: kind for kind, wire in _TO_PROTO.items()}
 
 
 def ref_to_proto(ref: TensorRef) -> common_pb2.TensorRef:
-    return common_pb2.TensorRef(
+    return common_pb2.TensorRef(**_ref_fields(ref))
+
+
+def add_ref(tensors: RepeatedCompositeFieldContainer[common_pb2.TensorRef], ref: TensorRef) -> None:
+    """Append `ref` to a repeated TensorRef field, built in place: appending a built message
+    copies it, inline bytes included (upb: about 1 ms per MiB, per copy)."""
+    tensors.add(**_ref_fields(ref))
+
+
+def _ref_fields(ref: TensorRef) -> dict[str, Any]:
+    return dict(
         name=ref.name, dtype=ref.dtype, shape=list(ref.shape), kind=_TO_PROTO[ref.kind],
         key=ref.key, url=ref.url, url_expires_at_ms=ref.url_expires_at_ms, offset=ref.offset,
         length=ref.length, checksum=ref.checksum, inline_data=ref.inline_data,
@@ -51,7 +62,9 @@ def bundle_to_proto(
     refs: Iterable[TensorRef], meta: Mapping[str, Any] | None = None
 ) -> common_pb2.TensorBundle:
     """`meta` must be JSON-like (a google.protobuf.Struct: numbers come back as floats)."""
-    bundle = common_pb2.TensorBundle(tensors=[ref_to_proto(ref) for ref in refs])
+    bundle = common_pb2.TensorBundle()
+    for ref in refs:
+        add_ref(bundle.tensors, ref)
     if meta:
         bundle.meta.update(dict(meta))
     return bundle

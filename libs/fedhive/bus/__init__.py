@@ -26,7 +26,7 @@ returned; failures are dead-lettered, never looped (see `fedhive.bus.consumer`).
 """
 
 from fedhive.bus.batch import Batch, BatchConsumer, BatchHandler
-from fedhive.bus.codec import TypeRegistry
+from fedhive.bus.codec import Encoded, TypeRegistry
 from fedhive.bus.consumer import Consumer, Delivery, Handler
 from fedhive.bus.port import Bus, Subscription
 from fedhive.bus.rabbitmq import RabbitBus
@@ -39,6 +39,7 @@ __all__ = [
     "Bus",
     "Consumer",
     "Delivery",
+    "Encoded",
     "Handler",
     "QueueSpec",
     "RabbitBus",

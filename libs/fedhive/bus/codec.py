@@ -7,6 +7,7 @@ registered, so a message of any other type is malformed for it (and dead-lettere
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
@@ -20,9 +21,19 @@ ERROR_TYPE = common_pb2.Error.DESCRIPTOR.full_name
 M = TypeVar("M", bound=Message)
 
 
-def type_name(message: Message) -> str:
+def type_name(message: Message | type[Message]) -> str:
     """The protobuf full name, e.g. `fedhive.v1.DeployRequest`: the AMQP `type` property."""
     return message.DESCRIPTOR.full_name
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A reply its handler serialized itself: one whose large part many callers share is
+    encoded once and joined to each caller's small part (protobuf reads encodings of one
+    message type, concatenated, as their merge), not built and encoded again per caller."""
+
+    message_type: type[Message]
+    body: bytes
 
 
 class TypeRegistry:

@@ -33,7 +33,7 @@ import pika.exceptions
 import structlog
 from google.protobuf.message import Message
 
-from fedhive.bus.codec import TypeRegistry, error_message
+from fedhive.bus.codec import Encoded, TypeRegistry, error_message
 from fedhive.bus.connection import RECONNECT, connect, user_name
 from fedhive.bus.publisher import DEADLINE_HEADER, properties
 from fedhive.bus.topology import QueueSpec, Topology
@@ -82,12 +82,12 @@ class Delivery:
         )
 
 
-Handler = Callable[[Message, Delivery], Message | None]
+Handler = Callable[[Message, Delivery], Message | Encoded | None]
 
 
 @dataclass(frozen=True)
 class _Outcome:
-    reply: Message | None = None
+    reply: Message | Encoded | None = None
     dead_letter: bool = False
     retry: bool = False
 
@@ -234,11 +234,13 @@ class Consumer:
         outcome = _Outcome(retry=True) if failed else future.result()
         if outcome.reply is not None and delivery.reply_to:
             reply = outcome.reply
+            body, kind = ((reply.body, reply.message_type) if isinstance(reply, Encoded)
+                          else (reply.SerializeToString(), reply))
             channel.basic_publish(
                 "",
                 delivery.reply_to,
-                reply.SerializeToString(),
-                properties(reply, user_id=self._user_id, correlation_id=delivery.correlation_id),
+                body,
+                properties(kind, user_id=self._user_id, correlation_id=delivery.correlation_id),
             )
         if outcome.retry:
             wait = self._redelivery.delay(delivery.delivery_count + 1)

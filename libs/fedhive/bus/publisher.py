@@ -32,7 +32,7 @@ DEADLINE_HEADER = "x-fedhive-deadline-ms"
 
 
 def properties(
-    message: Message,
+    message: Message | type[Message],
     *,
     message_id: str | None = None,
     user_id: str | None = None,

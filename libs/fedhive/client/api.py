@@ -96,16 +96,16 @@ class ClientAPI:
         try:
             dxo = model.to_dxo()
             dxo.data = self._run_filters(dxo.data, "out")
-            data = self._packer.pack(dxo, _PipeChannel(self._requests, task.task_id))
+            result = client_pb2.TrainerResult(task_id=task.task_id, return_code=ReturnCode.OK)
+            self._packer.pack(dxo, _PipeChannel(self._requests, task.task_id), into=result.data)
         except Exception as err:
             self._answer_failure(task, ReturnCode.EXECUTION_EXCEPTION,
                                  f"the trainer's result could not be sent: {_one_line(err)}")
             raise
-        self._requests.call(result=client_pb2.TrainerResult(
-            task_id=task.task_id, return_code=ReturnCode.OK, data=data))
+        self._requests.call(result=result)
         if clear_cache:
             self.task, self.model = None, None
-        del dxo, data
+        del dxo, result
         if self.config.memory_hygiene:
             clean_memory()
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fedhive.blobs import RangeFetcher, TensorKind, TensorRef, ref_from_proto, ref_to_proto, unpack
+from fedhive.blobs import RangeFetcher, TensorKind, TensorRef, add_ref, ref_from_proto, unpack
 from fedhive.errors import MalformedMessage
 from fedhive.proto.v1 import task_pb2
 from fedhive.structs import dict_to_struct, struct_to_dict
@@ -68,16 +68,17 @@ class Dxo:
 Packer = Callable[[Mapping[str, Any]], list[TensorRef]]
 
 
-def dxo_to_proto(dxo: Dxo, pack: Packer) -> task_pb2.Dxo:
+def dxo_to_proto(dxo: Dxo, pack: Packer, into: task_pb2.Dxo | None = None) -> task_pb2.Dxo:
     """Refs go on the wire as they are; arrays are turned into refs by `pack` (one call for all
-    of them, so small ones share a message and large ones go to storage)."""
+    of them, so small ones share a message and large ones go to storage). `into`: the (empty)
+    field of the message being built, filled in place (assigning a built one copies it)."""
     arrays = {name: value for name, value in dxo.data.items() if not isinstance(value, TensorRef)}
     packed = {ref.name: ref for ref in pack(arrays)} if arrays else {}
-    message = task_pb2.Dxo(data_kind=task_pb2.DataKind.Value(f"DATA_KIND_{dxo.data_kind.value}"),
-                           meta=dict_to_struct(dxo.meta))
+    message = task_pb2.Dxo() if into is None else into
+    message.data_kind = task_pb2.DataKind.Value(f"DATA_KIND_{dxo.data_kind.value}")
+    message.meta.CopyFrom(dict_to_struct(dxo.meta))
     for name, value in dxo.data.items():
-        ref = value if isinstance(value, TensorRef) else packed[name]
-        message.tensors.append(ref_to_proto(ref))
+        add_ref(message.tensors, value if isinstance(value, TensorRef) else packed[name])
     return message
 
 

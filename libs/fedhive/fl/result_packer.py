@@ -83,10 +83,10 @@ class ResultPacker:
         self._budget = inline_budget_for(inline_threshold, inline_budget)
         self._workers = upload_workers
 
-    def pack(self, dxo: Dxo, channel: UploadChannel) -> task_pb2.Dxo:
-        """The result's DXO message, its large arrays uploaded through `channel`. Raises
-        InvalidArgument for a value that is no array, BlobAccessDenied/Unavailable when an
-        upload fails."""
+    def pack(self, dxo: Dxo, channel: UploadChannel, into: task_pb2.Dxo) -> None:
+        """Fill `into` (the result message's DXO field) with the result, its large arrays
+        uploaded through `channel`. Raises InvalidArgument for a value that is no array,
+        BlobAccessDenied/Unavailable when an upload fails."""
         passed = {name: value for name, value in dxo.data.items()
                   if isinstance(value, TensorRef) and (value.is_inline or is_content_ref(value))}
         other_refs = [value for name, value in dxo.data.items()
@@ -110,7 +110,7 @@ class ResultPacker:
             if item.name not in refs:
                 refs[item.name] = _ref(item, key=keys[item.digest])
         data = {name: refs[name] for name in dxo.data}
-        return dxo_to_proto(Dxo(dxo.data_kind, data, dict(dxo.meta)), _no_arrays)
+        dxo_to_proto(Dxo(dxo.data_kind, data, dict(dxo.meta)), _no_arrays, into=into)
 
     def _upload(self, uploads: dict[str, _Array], channel: UploadChannel) -> dict[str, str]:
         answer = channel.grant(list(uploads), [item.flat.nbytes for item in uploads.values()])

@@ -48,7 +48,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from fedhive.blobs import TensorRef, content_key
-from fedhive.bus import Delivery
+from fedhive.bus import Delivery, Encoded
 from fedhive.errors import BlobNotFound, FedhiveError, InvalidArgument, PermissionDenied
 from fedhive.fl.dxo import Dxo, MetaKey, dxo_from_proto, dxo_to_proto
 from fedhive.fl.task_manager import TaskManager
@@ -90,14 +90,14 @@ class TaskServer:
         self._part_size = upload_part_size
         self._check_workers = check_workers
         self._lock = threading.Lock()
-        self._packed: dict[str, _Packed] = {}  # task id -> its arrays' refs
+        self._packed: dict[str, _Packed] = {}  # task id -> its data, encoded
         self._packing: dict[str, threading.Lock] = {}
         self._ended: set[str] = set()  # sites told END_RUN, or gone
         self._multipart: dict[tuple[str, str, str], _Upload] = {}  # (site, key, upload id)
         self._assigned: OrderedDict[str, tuple[str, int | None]] = OrderedDict()
 
     # bus entry point ----------------------------------------------------------------------
-    def handle(self, message: Message, delivery: Delivery) -> Message | None:
+    def handle(self, message: Message, delivery: Delivery) -> Message | Encoded | None:
         if isinstance(message, runner_pb2.SiteGone):
             self.site_gone(message, delivery.user_id)
             return None
@@ -131,7 +131,7 @@ class TaskServer:
         return site
 
     # handlers -----------------------------------------------------------------------------
-    def get_task(self, site: str, wait_ms: int) -> task_pb2.TaskAssignment:
+    def get_task(self, site: str, wait_ms: int) -> task_pb2.TaskAssignment | Encoded:
         deadline = self._clock() + min(max(wait_ms, 0) / 1000, self._max_wait_s)
         while True:
             assignment = self.tasks.next_task(site)
@@ -343,7 +343,7 @@ class TaskServer:
             dxo.data[name] = replace(ref, url="", url_expires_at_ms=0)
         return dxo
 
-    def _assignment(self, client_task: ClientTask, data: Dxo) -> task_pb2.TaskAssignment:
+    def _assignment(self, client_task: ClientTask, data: Dxo) -> Encoded:
         task = client_task.task
         round_ = data.meta.get(MetaKey.CURRENT_ROUND)
         with self._lock:
@@ -351,40 +351,57 @@ class TaskServer:
                 task.name, int(round_) if isinstance(round_, int | float) else None)
             while len(self._assigned) > _ASSIGNED_MEMORY:
                 self._assigned.popitem(last=False)
-        return _A(kind=_A.KIND_TASK, task_id=client_task.id, task_name=task.name,
-                  data=self._task_data(task, data), props=dict_to_struct(task.props),
-                  timeout_ms=int(task.timeout * 1000))
+        own = _A(kind=_A.KIND_TASK, task_id=client_task.id, task_name=task.name,
+                 props=dict_to_struct(task.props), timeout_ms=int(task.timeout * 1000))
+        return Encoded(_A, own.SerializeToString() + self._task_data(task, data))
 
-    def _task_data(self, task: Task, data: Dxo) -> task_pb2.Dxo:
-        """The data as sent: its arrays packed once per task (again only when the workflow
-        gave the task other arrays, as the cyclic relay does between sends), refs without a
-        fresh URL (a site's result forwarded to the next site) presigned."""
-        arrays = {name: value for name, value in data.data.items()
-                  if not isinstance(value, TensorRef)}
-        identity = {name: id(value) for name, value in arrays.items()}
+    def _task_data(self, task: Task, data: Dxo) -> bytes:
+        """The assignment's `data` field, encoded once per task for all its sites: its arrays
+        packed, its refs without a fresh URL (the global model, a site's result forwarded to
+        the next site) presigned. Encoded again when the workflow gave the task other data (as
+        the cyclic relay does between sends) or a URL in it nears its expiry."""
+        identity = {name: id(value) for name, value in data.data.items()}
         standing = {t.id for t in self.tasks.standing()} | {task.id}
         with self._lock:
             for task_id in [t for t in self._packed if t not in standing]:
                 del self._packed[task_id]
                 self._packing.pop(task_id, None)
             lock = self._packing.setdefault(task.id, threading.Lock())
-        with lock:  # sites asking at once for a new broadcast: one packs, the others wait
+        with lock:  # sites asking at once for a new broadcast: one encodes, the others wait
             with self._lock:
                 cached = self._packed.get(task.id)
-            if cached is None or cached.identity != identity:
-                refs = self._codec.pack(arrays, self.ctx.tensor_prefix) if arrays else []
-                cached = _Packed(identity, arrays, {ref.name: ref for ref in refs})
-                with self._lock:
-                    self._packed[task.id] = cached
-        packed = cached.refs
-        message = dxo_to_proto(data, lambda values: [packed[name] for name in values])
-        now_ms = int(time.time() * 1000)
-        for ref in message.tensors:
-            if ref.key and ref.url_expires_at_ms - now_ms < min(URL_MARGIN_MS,
-                                                                self._url_ttl_s * 500):
+            now_ms = int(time.time() * 1000)
+            if (cached is not None and cached.identity == identity and cached.meta == data.meta
+                    and now_ms < cached.renew_at_ms):
+                return cached.encoded
+            arrays = {name: value for name, value in data.data.items()
+                      if not isinstance(value, TensorRef)}
+            same_arrays = cached is not None and all(
+                cached.identity.get(name) == id(value) for name, value in arrays.items())
+            if cached is not None and same_arrays:
+                refs = cached.refs
+            else:
+                packed = self._codec.pack(arrays, self.ctx.tensor_prefix) if arrays else []
+                refs = {ref.name: ref for ref in packed}
+            cached = self._encode(data, refs, now_ms)
+            with self._lock:
+                self._packed[task.id] = cached
+        return cached.encoded
+
+    def _encode(self, data: Dxo, refs: dict[str, TensorRef], now_ms: int) -> _Packed:
+        holder = _A()
+        dxo_to_proto(data, lambda values: [refs[name] for name in values], into=holder.data)
+        margin = min(URL_MARGIN_MS, self._url_ttl_s * 500)
+        renew_at = now_ms + self._url_ttl_s * 1000
+        for ref in holder.data.tensors:
+            if not ref.key:
+                continue
+            if ref.url_expires_at_ms - now_ms < margin:
                 url = self._store.presign_get(ref.key, self._url_ttl_s)
                 ref.url, ref.url_expires_at_ms = url.url, url.expires_at_ms
-        return message
+            renew_at = min(renew_at, ref.url_expires_at_ms - margin)
+        return _Packed({name: id(value) for name, value in data.data.items()}, dict(data.data),
+                       dict(data.meta), refs, holder.SerializeToString(), renew_at)
 
 
 def _upload_ttl(size: int) -> int:
@@ -400,6 +417,9 @@ class _Upload:
 
 @dataclass(frozen=True)
 class _Packed:
-    identity: dict[str, int]  # name -> id() of the array packed
-    arrays: dict[str, Any]  # holds those arrays, so their ids stay theirs
-    refs: dict[str, TensorRef]
+    identity: dict[str, int]  # name -> id() of each value encoded
+    values: dict[str, Any]  # holds those values, so their ids stay theirs
+    meta: dict[str, Any]
+    refs: dict[str, TensorRef]  # the arrays' refs, as packed
+    encoded: bytes  # TaskAssignment(data=...) serialized
+    renew_at_ms: int  # when a URL in it comes within the margin of its expiry

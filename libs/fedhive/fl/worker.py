@@ -141,7 +141,7 @@ class Worker:
                                      return_code=outcome.return_code, error=outcome.error)
         if outcome.dxo is not None:
             try:
-                result.data.CopyFrom(self._packer.pack(outcome.dxo, _Channel(self, task_id)))
+                self._packer.pack(outcome.dxo, _Channel(self, task_id), into=result.data)
             except Exception as err:  # anything the result holds that cannot be sent
                 log.error("worker.result_not_packed", error=one_line(err), exc_info=True)
                 result.ClearField("data")

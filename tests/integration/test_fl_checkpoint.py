@@ -12,7 +12,6 @@ from fedhive.blobs import bundle_to_proto, content_key
 from fedhive.blobs.checksum import digest
 from fedhive.errors import FailedPrecondition
 from fedhive.fl.checkpoint import (
-    CHECKPOINT_DIR,
     Checkpoint,
     checkpoint_keys,
     load_checkpoint,
@@ -45,11 +44,6 @@ def job_prefix(fed: Federation) -> str:
     return names_of(fed).job_prefix(fed.ctx.job_id)
 
 
-def checkpoint_dir(fed: Federation) -> str:
-    names = fed.ctx.names
-    return f"{names.job_prefix(fed.ctx.job_id)}{CHECKPOINT_DIR}"
-
-
 def test_arrays_are_stored_at_content_keys_and_the_checkpoint_deletes_nothing(
         federation: FederationFactory) -> None:
     fed = federation(["a"])
@@ -63,7 +57,6 @@ def test_arrays_are_stored_at_content_keys_and_the_checkpoint_deletes_nothing(
     # model's); the checkpoint now names only the second's.
     second = set(objects(fed, fed.ctx.tensor_prefix)) - set(first)
     assert len(second) == 1 and checkpoint_keys(fed.ctx) == second
-    assert objects(fed, checkpoint_dir(fed)) == []
     loaded = load_checkpoint(fed.ctx, fed.ctx.job_id)
     assert loaded is not None
     assert (loaded.workflow, loaded.round_, loaded.num_rounds) == ("ScatterAndGather", 1, 5)
@@ -88,20 +81,6 @@ def test_a_model_of_refs_is_kept_as_the_same_refs_no_bytes_copied(
     assert {name: (ref.key, ref.checksum) for name, ref in loaded.model.data.items()} == {
         name: (ref.key, ref.checksum) for name, ref in lazy.data.items()}
     np.testing.assert_array_equal(fed.materialized(loaded.model).data["small"], [3.0])
-
-
-def test_objects_of_an_older_checkpoint_format_are_deleted(
-        federation: FederationFactory) -> None:
-    fed = federation(["a"])
-    assert fed.ctx.store is not None and fed.ctx.codec is not None
-    old = fed.ctx.codec.pack({"big": np.ones(64, np.float32)}, checkpoint_dir(fed))
-    legacy = old[0].key
-    fed.ctx.store.put(names_of(fed).job_checkpoint_key(fed.ctx.job_id), bundle_to_proto(
-        old, {"workflow": "X", "round": 0, "num_rounds": 1, "data_kind": "WEIGHTS"},
-    ).SerializeToString())
-    assert objects(fed, checkpoint_dir(fed)) == [legacy]
-    save_checkpoint(fed.ctx, Checkpoint("ScatterAndGather", 0, 5, model(1.0)))
-    assert objects(fed, checkpoint_dir(fed)) == []
 
 
 def test_no_checkpoint_and_a_malformed_one(federation: FederationFactory) -> None:

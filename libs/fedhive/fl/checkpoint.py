@@ -13,8 +13,8 @@ content keys under the job's tensor prefix (small ones inline in the bundle).
 
 A checkpoint deletes no tensor object: the round objects' collector (`ModelStore.collect`)
 keeps every object `checkpoint_keys` names, so a crash at any point leaves a checkpoint whose
-objects all exist. (Objects under `{job_prefix}checkpoint/`, where earlier versions packed a
-checkpoint's arrays, are deleted once a new bundle replaces the one naming them.)
+objects all exist. The server job is the only writer of its job's checkpoint, so the keys it
+last wrote are remembered in the context (`ctx.checkpointed`) instead of read back each round.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from fedhive.blobs import TensorRef, bundle_from_proto, bundle_to_proto
-from fedhive.errors import BlobNotFound, FailedPrecondition, FedhiveError
+from fedhive.errors import BlobNotFound, FailedPrecondition
 from fedhive.fl.dxo import DataKind, Dxo
 from fedhive.fl.model_store import ModelStore, ModelWriter
 from fedhive.names import Names
@@ -32,9 +32,6 @@ from fedhive.proto.v1 import common_pb2
 if TYPE_CHECKING:
     from fedhive.blobs import BlobStore
     from fedhive.fl.workflow import WorkflowContext
-
-CHECKPOINT_DIR = "checkpoint/"
-
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -60,7 +57,6 @@ def save_checkpoint(ctx: WorkflowContext, checkpoint: Checkpoint) -> None:
     store, names = _store(ctx), job_names(ctx)
     if ctx.codec is None:
         raise FailedPrecondition("the workflow context has no tensor codec", field="codec")
-    directory = f"{names.job_prefix(ctx.job_id)}{CHECKPOINT_DIR}"
     model = checkpoint.model
     writer = ModelStore.of(ctx).writer() if not all(
         isinstance(value, TensorRef) for value in model.data.values()) else None
@@ -70,17 +66,12 @@ def save_checkpoint(ctx: WorkflowContext, checkpoint: Checkpoint) -> None:
     meta = {"workflow": checkpoint.workflow, "round": checkpoint.round_,
             "num_rounds": checkpoint.num_rounds, "data_kind": model.data_kind.value,
             "model_meta": model.meta}
-    key = names.job_checkpoint_key(ctx.job_id)
-    previous = _keys_of(store, key, directory)
-    store.put(key, bundle_to_proto(refs, meta).SerializeToString())
-    keep = {ref.key for ref in refs}
-    for stale in sorted(previous - keep):
-        try:
-            store.delete(stale)
-        except FedhiveError as err:  # a leftover object costs space, not correctness
-            ctx.log.warning("checkpoint.delete_failed", key=stale, error=str(err))
+    ctx.checkpointed = None  # unknown until the new bundle is stored
+    bundle = bundle_to_proto(refs, meta).SerializeToString()
+    store.put(names.job_checkpoint_key(ctx.job_id), bundle)
+    ctx.checkpointed = {ref.key for ref in refs if ref.key}
     ctx.log.info("checkpoint.saved", workflow=checkpoint.workflow, round=checkpoint.round_,
-                 tensors=len(refs), objects=len(keep - {""}))
+                 tensors=len(refs), objects=len(ctx.checkpointed))
 
 
 def _put(writer: ModelWriter | None, name: str, value: Any) -> TensorRef:
@@ -90,22 +81,14 @@ def _put(writer: ModelWriter | None, name: str, value: Any) -> TensorRef:
 
 def checkpoint_keys(ctx: WorkflowContext) -> set[str]:
     """The objects this job's checkpoint names (empty when it has none)."""
-    store = _store(ctx)
+    if ctx.checkpointed is not None:
+        return set(ctx.checkpointed)
     try:
         message = common_pb2.TensorBundle.FromString(
-            store.get(job_names(ctx).job_checkpoint_key(ctx.job_id)))
+            _store(ctx).get(job_names(ctx).job_checkpoint_key(ctx.job_id)))
     except BlobNotFound:
         return set()
     return {ref.key for ref in message.tensors if ref.key}
-
-
-def _keys_of(store: BlobStore, key: str, directory: str) -> set[str]:
-    """The checkpoint objects the bundle at `key` points at (not results it refers to)."""
-    try:
-        message = common_pb2.TensorBundle.FromString(store.get(key))
-    except BlobNotFound:
-        return set()
-    return {ref.key for ref in message.tensors if ref.key.startswith(directory)}
 
 
 def load_checkpoint(ctx: WorkflowContext, job_id: str) -> Checkpoint | None:

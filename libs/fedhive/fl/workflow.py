@@ -59,6 +59,7 @@ class WorkflowContext:
     names: Names | None = None  # the deployment's queue, key and object names
     resume_from: str = ""  # a job id: continue from that job's last checkpoint
     report_round: Any = None  # Callable[[RoundReport], None], set by the server job
+    checkpointed: set[str] | None = None  # the keys this job's checkpoint names, once written
     abort: threading.Event = field(default_factory=threading.Event)
     _gone: dict[str, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)

@@ -13,6 +13,7 @@ the round made or received that neither the new global model nor the job's check
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from fedhive.errors import FedhiveError, InvalidArgument, WorkflowFailed
@@ -83,6 +84,8 @@ class BaseWorkflow(Controller):
     `prepare` (and again by `run`)."""
 
     checkpoints: ClassVar[bool] = False  # writes a checkpoint after rounds, resumes from one
+    _closer: ThreadPoolExecutor | None = None  # a round's writes (close_round)
+    _closing: Future[None] | None = None
 
     @property
     def name(self) -> str:
@@ -96,15 +99,17 @@ class BaseWorkflow(Controller):
         self.models = ModelStore.of(ctx)
 
     def run(self, ctx: WorkflowContext) -> None:
-        """Controller.run; a workflow that fails or is aborted then deletes the round objects
-        its checkpoint does not name (what a resumed job needs is the checkpoint)."""
+        """Controller.run and the last round's writes; then, whether the workflow completed,
+        failed or was aborted, the round objects its checkpoint does not name are deleted
+        (what a resumed job needs is the checkpoint; the final model is the last one
+        checkpointed, and the persistor's copy is in the result)."""
         try:
             super().run(ctx)
-        except BaseException:
-            self._discard()
-            raise
-        if self.aborted:
-            self._discard()
+        finally:
+            try:
+                self._closing_done()
+            finally:
+                self._discard()
 
     def _discard(self) -> None:
         models = getattr(self, "models", None)
@@ -174,6 +179,44 @@ class BaseWorkflow(Controller):
 
     def checkpoint(self, round_: int, num_rounds: int, model: Dxo) -> None:
         save_checkpoint(self.ctx, Checkpoint(self.name, round_, num_rounds, model))
+
+    def close_round(self, number: int, total: int, model: Dxo,
+                    results: dict[str, tuple[dict[str, Any], float]], *, checkpoint: bool,
+                    persistor: ModelPersistor | None) -> None:
+        """After round `number` made `model`: delete the round objects nothing needs, then
+        write the checkpoint, the round report and the persisted model while the next round
+        runs (they took a third of a small model's round). One round's writes at a time, in
+        order: the next close waits for them first, so `end_round` always sees the last
+        checkpoint written, and `model`'s objects outlive the writes that read them. A failed
+        write fails the workflow at the next close or at its end."""
+        self.await_closed()
+        self.end_round(model)
+        results = dict(results)
+
+        def writes() -> None:
+            if checkpoint:
+                self.checkpoint(number, total, model)
+            self.report(number, total, results)
+            if persistor is not None:
+                persistor.save(self.ctx, model, number)
+
+        if self._closer is None:
+            self._closer = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-close")
+        self._closing = self._closer.submit(writes)
+
+    def await_closed(self) -> None:
+        """Wait for the last round's writes; raises what they raised."""
+        closing, self._closing = self._closing, None
+        if closing is not None:
+            closing.result()
+
+    def _closing_done(self) -> None:
+        try:
+            self.await_closed()
+        finally:
+            if self._closer is not None:
+                self._closer.shutdown()
+                self._closer = None
 
     def end_round(self, *live: Dxo) -> None:
         """After a round: delete the round objects that neither `live` (the global model) nor

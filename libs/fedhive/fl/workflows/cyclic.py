@@ -114,12 +114,11 @@ class Cyclic(BaseWorkflow):
                 return
             model = self.models.as_refs(state.model)
             last = number == self.num_rounds - 1 or state.stop
-            if last or every_n(number, self.snapshot_every_n_rounds):
-                self.checkpoint(number, self.num_rounds, model)
-            self.end_round(model)
-            self.report(number, self.num_rounds, state.results)
-            if last or every_n(number, self.persist_every_n_rounds):
-                self.persistor.save(self.ctx, model, number)
+            self.close_round(
+                number, self.num_rounds, model, state.results,
+                checkpoint=last or every_n(number, self.snapshot_every_n_rounds),
+                persistor=self.persistor if last or every_n(number, self.persist_every_n_rounds)
+                else None)
             if state.stop:
                 return
         if first >= self.num_rounds:  # resumed after the last round

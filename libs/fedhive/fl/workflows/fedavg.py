@@ -175,11 +175,8 @@ class FedAvg(BaseWorkflow):
             if aggregate.data:
                 model = self._generator.shareable_to_learnable(aggregate, model)
         model = self.models.as_refs(model)
-        self.checkpoint(number, total, model)
-        self.end_round(model)
-        self.report(number, total, state.results)
-        if self.persistor is not None:
-            self.persistor.save(self.ctx, model, number)
+        self.close_round(number, total, model, state.results, checkpoint=True,
+                         persistor=self.persistor)
         return model, weighted_metrics(state.results)
 
     def _on_result(self, state: _Round, client_task: ClientTask) -> None:

@@ -155,12 +155,11 @@ class ScatterAndGather(BaseWorkflow):
             self.ctx.log.warning("workflow.round_without_results", workflow=self.name,
                                  round=number, status=str(task.completion_status))
         last = number == total - 1
-        if last or every_n(number, self.snapshot_every_n_rounds):
-            self.checkpoint(number, total, model)
-        self.end_round(model)
-        self.report(number, total, state.results)
-        if self.persistor is not None and (last or every_n(number, self.persist_every_n_rounds)):
-            self.persistor.save(self.ctx, model, number)
+        self.close_round(
+            number, total, model, state.results,
+            checkpoint=last or every_n(number, self.snapshot_every_n_rounds),
+            persistor=self.persistor if last or every_n(number, self.persist_every_n_rounds)
+            else None)
         return model
 
     def _error(self, state: _Round, site: str, error: str) -> bool:

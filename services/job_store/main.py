@@ -8,6 +8,8 @@ the durable queue.
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +67,12 @@ def build(settings: Settings, log: Any) -> JobStoreService:
     return JobStoreService(bus, state, blobs, rounds)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    argparse.ArgumentParser(
+        prog="fedhive-job-store",
+        description="fedhive job store: job definitions, validation and status history. "
+        "Broker, Redis, S3 and namespace come from FEDHIVE_* (and AWS_*) variables; it takes "
+        "no options.").parse_args(argv)
     run("fedhive-job-store", build)
 
 

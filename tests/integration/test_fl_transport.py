@@ -57,6 +57,19 @@ class Doubler:
                    {MetaKey.NUM_STEPS_CURRENT_ROUND: 3, "site": task.site})
 
 
+class Factor:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+
+class Scaler:
+    """Scales by the client config's component "factor" (built before the executors)."""
+
+    def execute(self, task: ExecTask) -> Dxo:
+        factor = task.components["factor"].value
+        return Dxo(DataKind.WEIGHTS, {n: v * factor for n, v in task.load().data.items()})
+
+
 class Boom:
     def execute(self, task: ExecTask) -> Dxo:
         raise RuntimeError("kaboom\nsecond line")
@@ -239,7 +252,8 @@ def test_a_broadcast_is_encoded_once_and_signed_again_near_expiry(job: Job) -> N
     (a, body_a), (b, body_b) = assignments(TaskServer(job.ctx, service_user=service_user), "ab")
     assert a.kind == b.kind == _A.KIND_TASK and a.task_id != b.task_id
     assert a.data == b.data and a.data.tensors[0].url  # one encoding, one signature
-    assert body_a.endswith(_A(data=a.data).SerializeToString())
+    shared = _A(data=a.data).SerializeToString()
+    assert body_a.endswith(shared) and body_b.endswith(shared)
 
     short = TaskServer(job.ctx, service_user=service_user, url_ttl_s=2)  # re-sign after 1 s
     ((first, _),) = assignments(short, "a")
@@ -258,6 +272,16 @@ def test_executor_errors_and_unknown_tasks_become_results(job: Job) -> None:
     assert result is not None
     assert (result.return_code, result.error, result.dxo) == (
         ReturnCode.EXECUTION_EXCEPTION, "RuntimeError: kaboom second line", None)
+
+    job.start_worker("b", Executors.from_config({
+        "components": [{"id": "factor", "path": f"{__name__}.Factor", "args": {"value": 3}}],
+        "executors": [{"tasks": ["scale"], "executor": {"path": f"{__name__}.Scaler"}}]}))
+    scale = Task("scale", Dxo(DataKind.WEIGHTS, {"w": np.ones(3, np.float32)}))
+    job.tasks.send(scale, [job.site("b")])
+    job.finish(scale)
+    result = scale.client_tasks[0].result
+    assert result is not None and result.ok and result.dxo is not None
+    np.testing.assert_array_equal(result.dxo.materialized(job.store).data["w"], [3.0] * 3)
 
     mystery = Task("mystery", Dxo(DataKind.WEIGHTS, {}))
     job.tasks.send(mystery, [job.site("a")])

@@ -29,6 +29,7 @@ from botocore.exceptions import (
     ConnectionError,
     HTTPClientError,
     IncompleteReadError,
+    NoCredentialsError,
     ResponseStreamingError,
 )
 
@@ -45,7 +46,14 @@ from fedhive.blobs.transfer import (
     slice_views,
 )
 from fedhive.config import Settings
-from fedhive.errors import AlreadyExists, BlobNotFound, FedhiveError, InvalidArgument, Unavailable
+from fedhive.errors import (
+    AlreadyExists,
+    BlobNotFound,
+    ConfigError,
+    FedhiveError,
+    InvalidArgument,
+    Unavailable,
+)
 from fedhive.retry import Backoff
 
 if TYPE_CHECKING:
@@ -406,6 +414,10 @@ class S3BlobStore:
                 return fn()
             except ClientError as err:
                 raise self._translate(err, action, key) from err
+            except NoCredentialsError as err:
+                raise ConfigError(f"{action} blob {key}: no S3 credentials: set "
+                                  "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or give the "
+                                  "process an IAM role)", field="AWS_ACCESS_KEY_ID") from err
             except _TRANSIENT as err:
                 raise Unavailable(f"{action} blob {key}: {err!r}", field=key) from err
 

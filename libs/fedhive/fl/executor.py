@@ -16,8 +16,8 @@ re-signing URLs) for an executor that relays them, like `ClientAPIExecutor`.
 An executor may define `finalize()`: the worker calls it once when the run ends (END_RUN, or
 the client job is stopped), e.g. to stop a trainer subprocess.
 
-`config_fed_client.json` maps task names to executors; its `components` are built first and may
-be named by id in executor args:
+`config_fed_client.json` maps task names to executors; its `components` are built first, and an
+executor reaches them by id through `task.components` (FLARE's `engine.get_component(id)`):
 
     {"executors": [{"tasks": ["train", "validate"], "executor": {"path": "my.Trainer",
                     "args": {"lr": 0.01}}}],
@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -76,6 +77,7 @@ class ExecTask:
     server: ServerChannel | None = None  # set by the worker
     inline_threshold: int = 2 * 1024 * 1024  # the site's: result arrays up to it go inline
     inline_budget: int | None = None  # inline bytes per result (None: 8 x the threshold)
+    components: Mapping[str, Any] = field(default_factory=dict)  # the client config's, by id
 
     @property
     def round(self) -> int | None:

@@ -172,7 +172,8 @@ class Worker:
                         task_id=assignment.task_id, timeout=assignment.timeout_ms / 1000,
                         server=_Channel(self, assignment.task_id),
                         inline_threshold=self.config.inline_threshold,
-                        inline_budget=self.config.inline_budget)
+                        inline_budget=self.config.inline_budget,
+                        components=self._executors.components)
         try:
             out = executor.execute(task)
         except TaskError as err:

@@ -1,0 +1,636 @@
+"""docker-compose.yml, deploy/Dockerfile and deploy/cloud/ checked without a Docker engine:
+services, the one image, commands and their flags (parsed by the services' own parsers),
+environment names (those fedhive.config reads), health checks, restart policies, secrets; and
+the compose deployment's scripts (deploy/compose/) run for real against local stand-ins
+(tests/e2e/test_compose_smoke.py runs the stack when a Docker engine answers)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import importlib.util
+import json
+import os
+import pwd
+import re
+import socket
+import sys
+import threading
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+from urllib.parse import urlsplit
+
+import pika
+import pytest
+import yaml
+
+from fedhive.auth import AdminDirectory, Role
+from fedhive.brokerusers import definitions, service_permissions, site_permissions
+from fedhive.config import Settings
+from fedhive_services.gateway.main import parse_options
+from fedhive_services.job_runner.main import parse_args as runner_args
+from fedhive_services.scheduler.main import parse_args as scheduler_args
+from fedhive_services.site_agent.config import load_site, load_site_resources
+from fedhive_services.site_agent.main import parse_args as site_agent_args
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+ENV_EXAMPLE = ROOT / "deploy" / "compose.env.example"
+SCRIPTS = ROOT / "deploy" / "compose"
+CLOUD = ROOT / "deploy" / "cloud"
+IMAGE_SCRIPTS = "/opt/fedhive/compose/"  # where the Dockerfile copies deploy/compose/
+
+INFRA = {"rabbitmq", "redis", "minio", "create-bucket"}
+ONE_SHOTS = {"create-bucket", "broker-users", "admins"}
+SERVICES = {"job-store", "scheduler", "job-runner", "gateway"}
+SITES = {"site-1", "site-2"}
+FEDHIVE = SERVICES | SITES | {"broker-users", "admins"}
+LONG_RUNNING = {"rabbitmq", "redis", "minio"} | SERVICES | SITES
+# The settings each service uses (it gets no others): broker, Redis, S3.
+USES = {"job-store": {"amqp", "redis", "s3"}, "scheduler": {"amqp", "redis"},
+        "job-runner": {"amqp", "redis", "s3"}, "gateway": {"amqp", "s3"}}
+S3_NAMES = {"FEDHIVE_S3_ENDPOINT_URL", "FEDHIVE_S3_BUCKET", "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY"}
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+
+
+def load_script(name: str) -> ModuleType:
+    """deploy/compose/NAME.py as a module (deploy/ holds scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"compose_{name}", SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+healthcheck = load_script("healthcheck")
+broker_setup = load_script("broker_setup")
+admins_file = load_script("admins_file")
+
+
+def env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines (comments and blank lines skipped), as `docker compose --env-file`."""
+    found = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, sep, value = line.partition("=")
+            assert sep, f"{path.name}: {line!r} is not KEY=VALUE"
+            found[key.strip()] = value.strip()
+    return found
+
+
+def interpolate(value: str, env: Mapping[str, str]) -> str:
+    """Compose's ${VAR}, ${VAR:-default}, ${VAR:?error} and $$ (what the tests use)."""
+    def one(match: re.Match[str]) -> str:
+        name, op, arg = match.groups()
+        got = env.get(name)
+        if op in (":-", "-"):
+            return got if got or (op == "-" and got is not None) else arg
+        if op in (":?", "?") and not got:
+            raise AssertionError(f"{name} must be set: {arg}")
+        return got or ""
+
+    return _VAR.sub(one, value).replace("$$", "$")
+
+
+class Recorder(dict[str, str]):
+    """An environment that records every name `Settings.from_env` asks for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.asked.add(key)
+        return super().get(key, default)
+
+
+def setting_names() -> set[str]:
+    recorder = Recorder()
+    Settings.from_env(recorder)
+    return recorder.asked
+
+
+SETTING_NAMES = setting_names()
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = compose["services"]
+    return found
+
+
+@pytest.fixture(scope="module")
+def example() -> dict[str, str]:
+    values = env_file(ENV_EXAMPLE)
+    return {**values, "FEDHIVE_TOKEN": "fh_" + "x" * 43}  # the one value it leaves empty
+
+
+def environment(service: dict[str, Any], example: Mapping[str, str]) -> dict[str, str]:
+    return {key: interpolate(str(value), example)
+            for key, value in (service.get("environment") or {}).items()}
+
+
+def script_args(command: list[str], script: str) -> list[str]:
+    assert command[:2] == ["python", f"{IMAGE_SCRIPTS}{script}"], command
+    assert (SCRIPTS / script).is_file()
+    return command[2:]
+
+
+def mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Mount target -> volume name."""
+    found = {}
+    for volume in service.get("volumes", []):
+        source, target, *_ = volume.split(":")
+        found[target] = source
+    return found
+
+
+# --- the compose file ---------------------------------------------------------------------------
+def test_every_expected_service_is_there(services: dict[str, Any]) -> None:
+    assert set(services) == INFRA | FEDHIVE
+    assert services["rabbitmq"]["image"].endswith("-management")
+    assert services["redis"]["command"][:3] == ["redis-server", "--appendonly", "yes"]
+    assert "mc mb --ignore-existing" in services["create-bucket"]["command"][0]
+
+
+def test_the_fedhive_services_run_the_one_image_built_from_the_dockerfile(
+        services: dict[str, Any]) -> None:
+    images = {services[name]["image"] for name in FEDHIVE}
+    assert images == {"fedhive:${FEDHIVE_IMAGE_TAG:-local}"}
+    for name in FEDHIVE:
+        assert services[name]["build"] == {"context": ".", "dockerfile": "deploy/Dockerfile"}
+    assert all("build" not in services[name] for name in INFRA)
+
+
+def test_long_running_services_have_health_checks_and_restart_policies(
+        services: dict[str, Any]) -> None:
+    for name in LONG_RUNNING:
+        check = services[name]["healthcheck"]
+        assert check["test"][0] in ("CMD", "CMD-SHELL") and len(check["test"]) > 1, name
+        assert {"interval", "timeout", "retries"} <= set(check), name
+        assert services[name]["restart"] == "unless-stopped", name
+    for name in ONE_SHOTS:
+        assert services[name]["restart"] == "no" and "healthcheck" not in services[name]
+
+
+def test_the_scheduler_runs_two_replicas(services: dict[str, Any]) -> None:
+    scheduler = services["scheduler"]
+    assert scheduler["deploy"]["replicas"] == 2
+    assert "container_name" not in scheduler and "ports" not in scheduler  # would clash
+
+
+def test_processes_that_spawn_children_run_under_an_init(services: dict[str, Any]) -> None:
+    for name in {"job-runner"} | SITES:
+        assert services[name]["init"] is True, name
+
+
+def test_services_start_after_what_they_need(services: dict[str, Any]) -> None:
+    for name in SERVICES | SITES:
+        needs = services[name]["depends_on"]
+        assert needs["rabbitmq"] == {"condition": "service_healthy"}
+        assert needs["broker-users"] == {"condition": "service_completed_successfully"}
+        uses = USES.get(name, set())
+        assert ("redis" in needs) == ("redis" in uses), name
+        assert ("create-bucket" in needs) == ("s3" in uses), name
+        if "redis" in uses:
+            assert needs["redis"] == {"condition": "service_healthy"}
+    gateway = services["gateway"]["depends_on"]
+    assert gateway["admins"] == {"condition": "service_completed_successfully"}
+    assert gateway["job-store"] == {"condition": "service_healthy"}
+    assert services["broker-users"]["depends_on"] == {"rabbitmq": {"condition": "service_healthy"}}
+
+
+def test_published_ports_are_on_loopback_only(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)
+
+
+# --- commands: console scripts, flags the services' own parsers accept ---------------------------
+def test_each_service_command_is_a_console_script_with_flags_it_accepts(
+        services: dict[str, Any]) -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    expected = {"job-store": "fedhive_services.job_store.main:main",
+                "scheduler": "fedhive_services.scheduler.main:main",
+                "job-runner": "fedhive_services.job_runner.main:main",
+                "gateway": "fedhive_services.gateway.main:main",
+                "site-1": "fedhive_services.site_agent.main:main",
+                "site-2": "fedhive_services.site_agent.main:main"}
+    for name, entry_point in expected.items():
+        command = services[name]["command"]
+        assert scripts[command[0]] == entry_point, name
+
+    assert services["job-store"]["command"] == ["fedhive-job-store"]  # it takes no options
+    scheduler_args(services["scheduler"]["command"][1:])
+    runner = runner_args(services["job-runner"]["command"][1:]).runner
+    assert runner.holder == "job-runner"
+    assert mounts(services["job-runner"])[str(runner.work_dir)] == "runner-work"
+    gateway = parse_options(services["gateway"]["command"][1:])
+    assert mounts(services["gateway"]) == {str(gateway.admins.parent): "gateway-config"}
+    assert services["gateway"]["volumes"][0].endswith(":ro")
+    assert services["gateway"]["ports"] == ["127.0.0.1:${FEDHIVE_GATEWAY_PORT:-50051}:"
+                                            f"{gateway.listen.rsplit(':', 1)[1]}"]
+    for site in SITES:
+        args = site_agent_args(services[site]["command"][1:])
+        assert args.command == "run"
+        assert mounts(services[site]) == {str(args.site_dir): site}  # its own folder only
+
+
+def test_the_one_shots_set_up_what_the_services_read(services: dict[str, Any]) -> None:
+    users = broker_setup.parse_args(script_args(services["broker-users"]["command"],
+                                                "broker_setup.py"))
+    assert set(users.sites) == SITES
+    assert users.management_url == "http://rabbitmq:15672"
+    for site in SITES:
+        site_dir = str(users.sites_root / site)
+        assert mounts(services["broker-users"])[site_dir] == site
+        assert str(site_agent_args(services[site]["command"][1:]).site_dir) == site_dir
+    assert services["broker-users"]["user"] == "root"  # the site volumes start owned by root
+
+    admins = admins_file.parse_args(script_args(services["admins"]["command"], "admins_file.py"))
+    assert admins.role is Role.PROJECT_ADMIN
+    gateway = parse_options(services["gateway"]["command"][1:])
+    assert admins.out == gateway.admins
+    assert mounts(services["admins"]) == {str(admins.out.parent): "gateway-config"}
+
+
+def test_health_checks_run_real_probes_of_the_right_thing(
+        services: dict[str, Any], example: dict[str, str]) -> None:
+    for name in SERVICES | SITES:
+        test = services[name]["healthcheck"]["test"]
+        assert test[0] == "CMD"
+        args = healthcheck.parse_args(script_args(test[1:], "healthcheck.py"))
+        env = environment(services[name], example)
+        if name == "gateway":
+            assert args.probe == "gateway"
+            listen = parse_options(services["gateway"]["command"][1:]).listen
+            assert args.address.rsplit(":", 1)[1] == listen.rsplit(":", 1)[1]
+        elif name in SITES:
+            assert args.probe == "site"
+            assert args.site_dir == site_agent_args(services[name]["command"][1:]).site_dir
+        else:
+            assert args.probe == "connected"
+            names = {"amqp": "FEDHIVE_AMQP_URL", "redis": "FEDHIVE_REDIS_URL"}
+            assert all(names[target] in env for target in args.to), name
+    assert services["scheduler"]["healthcheck"]["test"][-1] == "redis"  # a standby has no AMQP
+
+
+# --- environment: names fedhive.config reads, least privilege, no secrets -----------------------
+def test_service_environments_use_only_names_fedhive_config_reads(
+        services: dict[str, Any]) -> None:
+    assert {"FEDHIVE_AMQP_URL", "FEDHIVE_REDIS_URL", "AWS_ACCESS_KEY_ID"} <= SETTING_NAMES
+    for name in SERVICES | SITES:
+        assert set(services[name]["environment"]) <= SETTING_NAMES, name
+        assert "env_file" not in services[name], name
+    own = {"broker-users": ({"RABBITMQ_USER", "RABBITMQ_PASSWORD", "RABBITMQ_SERVICES_PASSWORD"},
+                            "broker_setup.py"),
+           "admins": ({"FEDHIVE_TOKEN"}, "admins_file.py")}
+    for name, (names, script) in own.items():
+        assert set(services[name]["environment"]) <= SETTING_NAMES | names
+        source = (SCRIPTS / script).read_text()
+        assert all(f'"{variable}"' in source for variable in names), script
+
+
+def test_each_service_environment_is_valid_settings_for_the_compose_network(
+        services: dict[str, Any], example: dict[str, str]) -> None:
+    service_user = broker_setup.parse_args(
+        script_args(services["broker-users"]["command"], "broker_setup.py")).service_user
+    for name, uses in USES.items():
+        env = environment(services[name], example)
+        settings = Settings.from_env(env)
+        amqp = pika.URLParameters(settings.amqp_url)
+        assert (amqp.host, amqp.credentials.username) == ("rabbitmq", service_user)
+        assert amqp.credentials.password == example["RABBITMQ_SERVICES_PASSWORD"]
+        assert ("FEDHIVE_REDIS_URL" in env) == ("redis" in uses), name
+        assert bool(S3_NAMES & set(env)) == ("s3" in uses), name
+        if "redis" in uses:
+            assert urlsplit(settings.redis_url).hostname == "redis"
+            assert urlsplit(settings.redis_url).password == example["REDIS_PASSWORD"]
+        if "s3" in uses:
+            assert settings.s3_endpoint_url == "http://minio:9000"
+            assert settings.aws_access_key_id == example["MINIO_ROOT_USER"]
+            assert settings.s3_bucket == example["FEDHIVE_S3_BUCKET"]
+        assert settings.namespace == example["FEDHIVE_NAMESPACE"]
+    broker_env = Settings.from_env(environment(services["broker-users"], example))
+    assert urlsplit(broker_env.amqp_url).hostname == "rabbitmq"
+    assert urlsplit(broker_env.amqp_url).username is None  # each site gets its own user
+
+
+def test_site_agents_get_no_redis_s3_or_services_credentials(
+        services: dict[str, Any], example: dict[str, str]) -> None:
+    for site in SITES:
+        agent = services[site]
+        assert set(agent["environment"]) == {"FEDHIVE_LOG_LEVEL", "FEDHIVE_INLINE_THRESHOLD"}
+        text = json.dumps(agent)
+        for secret in ("REDIS", "MINIO", "AWS_", "RABBITMQ", "S3", "AMQP", "TOKEN"):
+            assert secret not in text, (site, secret)
+        assert "env_file" not in agent and "secrets" not in agent
+
+
+def test_the_compose_file_holds_no_literal_secret(services: dict[str, Any],
+                                                  example: dict[str, str]) -> None:
+    text = COMPOSE_FILE.read_text()
+    for key, value in env_file(ENV_EXAMPLE).items():
+        if any(word in key for word in ("PASSWORD", "TOKEN")) and value:
+            assert value not in text, key
+    secret_key = re.compile(r"PASS|SECRET|TOKEN|_KEY")
+    for name, service in services.items():
+        for key, value in (service.get("environment") or {}).items():
+            value = str(value)
+            if secret_key.search(key):
+                assert _VAR.fullmatch(value), (name, key)
+            parts = urlsplit(value)
+            if "://" in value and parts.password is not None:
+                assert _VAR.fullmatch(parts.password), (name, key)
+    assert services["redis"]["command"][-1] == "${REDIS_PASSWORD:?set REDIS_PASSWORD}"
+
+
+def test_every_variable_is_defined_in_the_env_example_and_the_env_file_is_ignored() -> None:
+    used = {match.group(1) for match in _VAR.finditer(COMPOSE_FILE.read_text())}
+    defined = set(env_file(ENV_EXAMPLE))
+    assert used <= defined, sorted(used - defined)
+    assert "deploy/compose.env" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+# --- the Dockerfile and its build context -------------------------------------------------------
+def test_the_dockerfile_installs_the_package_as_a_non_root_user() -> None:
+    text = DOCKERFILE.read_text()
+    lines = [line.strip() for line in text.splitlines() if line.strip()
+             and not line.lstrip().startswith("#")]
+    assert re.match(r"FROM python:3\.1[1-9]-slim", lines[0])
+    for source in ("pyproject.toml setup.py README.md ./", "libs/ libs/", "services/ services/"):
+        assert f"COPY {source}" in lines
+    assert any(re.match(r"RUN pip install \.( |$)", line) for line in lines)
+    assert f"COPY deploy/compose/ {IMAGE_SCRIPTS}" in lines
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
+    assert not re.search(r"^(ENV|ARG)\s+\S*(PASSWORD|SECRET|TOKEN)", text, re.MULTILINE)
+
+
+def test_the_image_gets_cpu_torch_at_the_pinned_version() -> None:
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["dev"]
+    pin = next(requirement for requirement in dev if requirement.startswith("torch=="))
+    text = DOCKERFILE.read_text()
+    assert re.search(rf'ARG EXAMPLE_PACKAGES="[^"]*\b{re.escape(pin)}\b', text)
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu $EXAMPLE_PACKAGES" in text
+
+
+def test_the_build_context_is_only_what_the_dockerfile_copies() -> None:
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    assert patterns[0] == "*"  # everything else (.venv, deploy/compose.env, ...) stays out
+    included = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
+    copied = set()
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("COPY "):
+            copied |= {source.rstrip("/") for source in line.split()[1:-1]}
+    assert copied == included
+    assert not any(path.startswith(("deploy/compose.env", ".venv", "deploy/sites"))
+                   for path in included)
+    assert (ROOT / "libs" / "fedhive" / "proto" / "v1" / "admin_pb2.py").is_file()  # committed
+
+
+# --- deploy/cloud templates --------------------------------------------------------------------
+CLOUD_ROLES = {"job-store": {"amqp", "redis", "s3"}, "scheduler": {"amqp", "redis"},
+               "job-runner": {"amqp", "redis", "s3"}, "gateway": {"amqp", "s3"}}
+
+
+def test_the_cloud_templates_set_only_real_settings_over_tls() -> None:
+    for role, uses in CLOUD_ROLES.items():
+        path = CLOUD / f"{role}.env.example"
+        values = env_file(path)
+        commented = set(re.findall(r"^# ([A-Z][A-Z0-9_]+)=", path.read_text(), re.MULTILINE))
+        assert set(values) | commented <= SETTING_NAMES, role
+        settings = Settings.from_env(values)
+        assert settings.amqp_tls, role
+        assert ("FEDHIVE_REDIS_URL" in values) == ("redis" in uses), role
+        if "redis" in uses:
+            assert settings.redis_url.startswith("rediss://"), role
+        assert bool(S3_NAMES & (set(values) | commented)) == ("s3" in uses), role
+        if "s3" in uses:
+            assert settings.s3_endpoint_url is None and values["AWS_REGION"]
+
+
+def test_the_cloud_site_template_is_a_valid_site_json(tmp_path: Path) -> None:
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "site.json").write_text((CLOUD / "site.json.example").read_text())
+    config = load_site(tmp_path)
+    assert config.broker_url.startswith("amqps://")
+    assert pika.URLParameters(config.broker_url).credentials.username == config.site
+
+
+def test_the_s3_policy_is_limited_to_one_bucket() -> None:
+    policy = json.loads((CLOUD / "s3-policy.json").read_text())
+    resources = {statement["Resource"] for statement in policy["Statement"]}
+    bucket = "arn:aws:s3:::replace-with-your-bucket"
+    assert resources == {bucket, f"{bucket}/*"}
+    actions = {action for statement in policy["Statement"] for action in statement["Action"]}
+    assert {"s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:DeleteObject"} <= actions
+    assert all(statement["Effect"] == "Allow" and "*" not in "".join(statement["Action"])
+               for statement in policy["Statement"])
+
+
+# --- deploy/compose scripts, run for real -------------------------------------------------------
+class ManagementApi:
+    """Stands in for RabbitMQ's management API: records what POST /api/definitions gets."""
+
+    def __init__(self, user: str, password: str, status: int = 204) -> None:
+        self.posts: list[tuple[str, dict[str, Any]]] = []
+        auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                api.posts.append((self.path, body))
+                ok = self.headers.get("authorization") == auth
+                self.send_response(status if ok else 401)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def management() -> Iterator[ManagementApi]:
+    api = ManagementApi("admin", "admin-pw")
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def setup_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(("FEDHIVE_", "AWS_", "RABBITMQ_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("FEDHIVE_AMQP_URL", "amqp://rabbitmq:5672/%2F")
+    monkeypatch.setenv("FEDHIVE_NAMESPACE", "fh")
+    monkeypatch.setenv("RABBITMQ_USER", "admin")
+    monkeypatch.setenv("RABBITMQ_PASSWORD", "admin-pw")
+    monkeypatch.setenv("RABBITMQ_SERVICES_PASSWORD", "services-pw")
+
+
+def _setup(management: ManagementApi, root: Path) -> int:
+    me = pwd.getpwuid(os.getuid()).pw_name
+    code: int = broker_setup.main(["site-a", "site-b", "--management-url", management.url,
+                                   "--sites-root", str(root), "--owner", me, "--wait", "2"])
+    return code
+
+
+@pytest.mark.usefixtures("setup_env")
+def test_broker_setup_creates_the_users_and_writes_each_site_folder(
+        management: ManagementApi, tmp_path: Path) -> None:
+    assert _setup(management, tmp_path) == 0
+    [(path, document)] = management.posts
+    assert path == "/api/definitions"
+    assert [user["name"] for user in document["users"]] == ["fedhive-services", "site-a", "site-b"]
+    expected = definitions([], "/")
+    assert document["vhosts"] == expected["vhosts"]
+    permissions = {p["user"]: (p["configure"], p["write"], p["read"])
+                   for p in document["permissions"]}
+    for user, wanted in (("fedhive-services", service_permissions("fh")),
+                         ("site-a", site_permissions("fh", "site-a"))):
+        assert permissions[user] == (wanted.configure, wanted.write, wanted.read)
+    assert len(document["topic_permissions"]) == 4  # two exchanges per site
+    for site in ("site-a", "site-b"):
+        config = load_site(tmp_path / site)
+        load_site_resources(config)
+        params = pika.URLParameters(config.broker_url)
+        assert (config.site, config.namespace, params.host, params.port) == (site, "fh",
+                                                                            "rabbitmq", 5672)
+        assert params.credentials.username == site
+        assert ((tmp_path / site / "local" / "site.json").stat().st_mode & 0o777) == 0o600
+
+
+@pytest.mark.usefixtures("setup_env")
+def test_broker_setup_again_keeps_passwords_and_operator_fields(
+        management: ManagementApi, tmp_path: Path) -> None:
+    assert _setup(management, tmp_path) == 0
+    site_file = tmp_path / "site-a" / "local" / "site.json"
+    edited = {**json.loads(site_file.read_text()), "heartbeat_interval_s": 2, "org": "Org A"}
+    site_file.write_text(json.dumps(edited))
+    assert _setup(management, tmp_path) == 0
+    assert json.loads(site_file.read_text()) == edited  # the same broker URL, fields kept
+    password = pika.URLParameters(edited["broker_url"]).credentials.password
+    for _, document in management.posts:  # the broker got that password both times
+        [user] = [user for user in document["users"] if user["name"] == "site-a"]
+        salted = base64.b64decode(user["password_hash"])
+        assert salted[4:] == hashlib.sha256(salted[:4] + password.encode()).digest()
+
+
+@pytest.mark.usefixtures("setup_env")
+def test_broker_setup_refuses_a_wrong_admin_and_an_unsafe_password(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    wrong = ManagementApi("admin", "other")
+    try:
+        assert _setup(wrong, tmp_path) == 2
+    finally:
+        wrong.close()
+    assert "refused RABBITMQ_USER 'admin' (HTTP 401)" in capsys.readouterr().err
+    assert not (tmp_path / "site-a").exists()
+    monkeypatch.setenv("RABBITMQ_SERVICES_PASSWORD", "a@b")
+    right = ManagementApi("admin", "admin-pw")
+    try:
+        assert _setup(right, tmp_path) == 2
+    finally:
+        right.close()
+    assert "RABBITMQ_SERVICES_PASSWORD must be URL-safe" in capsys.readouterr().err
+    assert right.posts == []
+    monkeypatch.setenv("RABBITMQ_SERVICES_PASSWORD", "services-pw")
+    assert broker_setup.main(["server", "--management-url", "http://127.0.0.1:1",
+                              "--sites-root", str(tmp_path)]) == 2
+    assert "site 'server': 'server' is reserved" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("setup_env")
+def test_broker_setup_gives_up_when_the_management_api_never_answers(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = broker_setup.main(["site-a", "--management-url", f"http://127.0.0.1:{unused_port()}",
+                              "--sites-root", str(tmp_path), "--wait", "1"])
+    assert code == 2
+    assert "did not answer within 1 s" in capsys.readouterr().err
+
+
+def test_the_admins_file_lets_in_exactly_the_token(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    token = "fh_" + "t" * 43
+    out = tmp_path / "etc" / "admins.json"
+    monkeypatch.setenv("FEDHIVE_TOKEN", token)
+    assert admins_file.main([str(out), "--name", "admin@x", "--org", "x"]) == 0
+    admin = AdminDirectory.load(out).authenticate(token)
+    assert (admin.name, admin.org, admin.role) == ("admin@x", "x", Role.PROJECT_ADMIN)
+    assert token not in out.read_text() and out.stat().st_mode & 0o777 == 0o600
+    monkeypatch.setenv("FEDHIVE_TOKEN", "short")
+    assert admins_file.main([str(out), "--name", "admin@x", "--org", "x"]) == 2
+
+
+def unused_port() -> int:
+    """A loopback port nothing listens on (bound once, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    yield server
+    server.close()
+
+
+def test_the_connection_probe_sees_established_connections_only(
+        listener: socket.socket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    port = listener.getsockname()[1]
+    monkeypatch.setenv("FEDHIVE_AMQP_URL", f"amqp://u:p@localhost:{port}/%2F")
+    monkeypatch.setenv("FEDHIVE_REDIS_URL", f"redis://127.0.0.1:{unused_port()}/0")
+    assert healthcheck.main(["connected", "amqp"]) == 1
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    try:
+        assert healthcheck.established_to("localhost", port)
+        assert healthcheck.main(["connected", "amqp"]) == 0
+        assert healthcheck.main(["connected", "amqp", "redis"]) == 1  # nothing on Redis's port
+        site_dir = tmp_path / "site"
+        (site_dir / "local").mkdir(parents=True)
+        (site_dir / "local" / "site.json").write_text(json.dumps(
+            {"site": "s1", "broker_url": f"amqp://s1:pw@127.0.0.1:{port}/%2F"}))
+        assert healthcheck.main(["site", "--site-dir", str(site_dir)]) == 0
+        assert healthcheck.main(["site", "--site-dir", str(tmp_path / "no-site")]) == 1
+    finally:
+        client.close()
+        accepted.close()
+    assert not healthcheck.established_to("127.0.0.1", port)
+
+
+def test_the_gateway_probe_says_unhealthy_when_nothing_serves(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    address = f"127.0.0.1:{unused_port()}"
+    assert healthcheck.main(["gateway", address]) == 1
+    assert f"unhealthy: gateway at {address} not SERVING" in capsys.readouterr().err

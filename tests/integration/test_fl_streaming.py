@@ -237,10 +237,11 @@ def test_fifty_rounds_keep_a_constant_number_of_objects(
     fed.run(ScatterAndGather(min_clients=2, num_rounds=rounds, persistor_id="persistor",
                              wait_time_after_min_received=0))
     assert len(fed.reports) == rounds
-    # frozen, w1, w2, w3 ("bias" is inline), and the previous model's w1, w2, w3: deleted at
-    # the next round's close, once the checkpoint naming the new ones is written (round 0's
-    # previous model is the persistor's initial one)
-    assert counts[0] <= 7 and counts[1:] == [7] * (rounds - 1)
+    # Bounded, not growing: the model (frozen, w1, w2, w3; "bias" is inline), the previous
+    # model's w1, w2, w3 (deleted at the next round's close, once the checkpoint naming the new
+    # ones is written) and, as reports are written while the next round runs, what the two
+    # sites may have uploaded for it already.
+    assert max(counts) <= 4 + 3 + 2 * 3
     checkpoint = load_checkpoint(fed.ctx, fed.ctx.job_id)
     assert checkpoint is not None and set(fed.objects()) == checkpoint_keys(fed.ctx)
     final = fed.materialized(checkpoint.model).data

@@ -339,8 +339,13 @@ class InTimeAccumulateWeightedAggregator(Aggregator):
         SiteFailed for the first site whose tensor cannot be read (the others stop)."""
         assert self.models is not None
         writer = self.models.writer()
-        budget = Budget(self.stream_bytes)
         stop = threading.Event()
+        if not any(job.parts for job in jobs) and sum(
+                job.spec.nbytes for job in jobs) <= self.models.inline_budget:
+            # all folded as the results came and the model travels inline: nothing to read or
+            # write, a thread pool would cost more than the work
+            return {job.name: self._combine(job, writer, stop) for job in jobs}
+        budget = Budget(self.stream_bytes)
 
         def work(job: Job) -> TensorRef | None:
             with budget.hold(job.need):

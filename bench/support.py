@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,8 @@ BUCKET = "fedhive-bench"
 def bench_settings(namespace: str) -> Iterator[tuple[Settings, str]]:
     """Settings from the environment with `namespace` and the bench bucket, and a description
     of the S3 server used: FEDHIVE_S3_ENDPOINT_URL when set, else a SeaweedFS started here."""
+    # SIGTERM (a killed benchmark) unwinds like Ctrl-C: the services it started are stopped
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     settings = dataclasses.replace(Settings.from_env(), s3_bucket=BUCKET, namespace=namespace)
     if settings.s3_endpoint_url is not None:
         yield settings, settings.s3_endpoint_url

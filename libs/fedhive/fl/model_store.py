@@ -23,10 +23,14 @@ Arithmetic helpers (`compute_dtype`, `to_compute`, `from_compute`) define how th
 tensors: half precision (float16, bfloat16) in float32, integers and bool in float64, the rest
 in their own dtype; results go back to the tensor's dtype (bfloat16 rounded to nearest even).
 
-Memory: creating a ModelStore sets glibc's mmap threshold to 1 MiB (`bound_heap`), so freed
-tensor buffers go back to the system at once instead of staying in per-thread heaps (measured
-on the server side of a 256 MiB model in 16 tensors: peak growth 68 MiB with it, 155-203 MiB
-without); `release_memory` (gc + malloc_trim) runs after every round.
+Memory: creating a ModelStore fixes glibc's malloc thresholds (`bound_heap`): blocks of 4 MiB
+or more (tensor buffers) get mappings of their own, returned to the system when freed, instead
+of staying in per-thread heaps (measured on the server side of a 256 MiB model in 16 tensors:
+peak growth 68 MiB with a fixed threshold, 155-203 MiB without); smaller ones (messages of a
+small model) reuse heap memory, at most 8 MiB of it kept free per heap (a 1 MiB threshold made
+every 1 MiB message fault its pages in afresh: half the server's CPU for a 1 MiB model with 8
+sites). The client job sets the same. `release_memory` (gc + malloc_trim) runs after a round
+of a large model.
 """
 
 from __future__ import annotations
@@ -155,22 +159,25 @@ def release_memory() -> None:
         _LIBC.malloc_trim(0)
 
 
-M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-MMAP_THRESHOLD = 1 * MiB
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+MMAP_THRESHOLD = 4 * MiB
+TRIM_THRESHOLD = 8 * MiB
 _heap_bounded = False
 
 
 def bound_heap() -> None:
     """Have glibc serve every allocation of `MMAP_THRESHOLD` bytes or more (tensor buffers)
-    with its own mapping, returned to the system when freed. glibc's default threshold grows
-    to the size of the largest block freed (up to 32 MiB), after which tensor buffers come from
-    per-thread heaps that keep their freed memory: the server's threads would each keep a few
-    tensors' worth. Once per process; a no-op where there is no glibc."""
+    with its own mapping, returned to the system when freed, and keep at most `TRIM_THRESHOLD`
+    free at the top of a heap. glibc's default threshold grows to the size of the largest block
+    freed (up to 32 MiB), after which tensor buffers come from per-thread heaps that keep their
+    freed memory: the server's threads would each keep a few tensors' worth. Once per process;
+    a no-op where there is no glibc."""
     global _heap_bounded
     if _heap_bounded or _LIBC is None:
         return
     _heap_bounded = True
     _LIBC.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    _LIBC.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def _glibc() -> Any:

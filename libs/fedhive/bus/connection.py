@@ -35,6 +35,13 @@ CONNECTION_LOST: tuple[type[BaseException], ...] = (
 )
 
 DEFAULT_HEARTBEAT = 30  # seconds; handlers run off the I/O thread, so no need to tolerate them
+
+# pika reads its socket 4 KiB at a time and appends each read to the frame it assembles (a new
+# bytes object per read): a 128 KiB frame cost 32 reads and ~2 MiB of copying, the largest cost
+# of a 1 MiB task message. Reads of a whole frame (RabbitMQ's default frame_max) make that one.
+_transport = pika.adapters.utils.io_services_utils._AsyncTransportBase
+_transport._MAX_RECV_BYTES = 128 * 1024
+_transport._MAX_CONSUME_BYTES = 1024 * 1024  # per I/O event, before other events get a turn
 RECONNECT = Backoff(base=0.2, cap=5.0, max_attempts=None, deadline=None)
 
 

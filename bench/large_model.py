@@ -28,6 +28,10 @@ processes).
 
     .venv/bin/python bench/large_model.py [--sizes 64 512 2048] [--rounds 3]
         [--frozen-size 512] [--eight-sites/--no-eight-sites] [--eight-sites-size 512]
+    .venv/bin/python bench/large_model.py --download-only [--download-size 512] [--repeat 3]
+
+`--download-only` runs only the download comparison, on a model of random tensors the script
+stores itself (no services, no job), and writes bench/results/large_model_download.json.
 
 RabbitMQ (as a user that may run rabbitmqctl) and Redis from the environment; S3 too when
 FEDHIVE_S3_ENDPOINT_URL is set, otherwise a SeaweedFS started here. Prints JSON and writes
@@ -62,12 +66,13 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.fixtures (the service launchers, SeaweedFS)
 
+import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 from s3_proxy import CountingProxy  # noqa: E402  (beside this script)
 from scheduling import running_services, submit, wait_final  # noqa: E402
 from support import bench_settings, write_results  # noqa: E402
 
-from fedhive.blobs import S3BlobStore, bundle_from_proto  # noqa: E402
+from fedhive.blobs import S3BlobStore, TensorCodec, bundle_from_proto  # noqa: E402
 from fedhive.bus import RabbitBus  # noqa: E402
 from fedhive.config import Settings  # noqa: E402
 from fedhive.jobs.status import JobStatus  # noqa: E402
@@ -447,41 +452,51 @@ class Bench:
         }
 
     def _compare(self, names: Names, job_id: str) -> dict[str, Any]:
-        """The final model's objects downloaded by fedhive's presigned reader and by boto3,
-        each in a fresh process, through the proxy, best of `repeat` (alternating)."""
-        refs = checkpoint_refs(self.store, names, job_id)
-        presigner = _client(self.settings, self.proxy.endpoint_url)
-        spec = {"endpoint": self.proxy.endpoint_url, "bucket": self.settings.s3_bucket,
-                "region": self.settings.s3_region,
-                "access_key": self.settings.aws_access_key_id,
-                "secret_key": self.settings.aws_secret_access_key,
-                "refs": [{"name": r.name, "key": r.key, "dtype": r.dtype,
-                          "shape": list(r.shape), "offset": r.offset, "length": r.length,
-                          "checksum": r.checksum,
-                          "url": presigner.generate_presigned_url(
-                              "get_object", Params={"Bucket": self.settings.s3_bucket,
-                                                    "Key": r.key}, ExpiresIn=3600)}
-                         for r in refs]}
-        best: dict[str, dict[str, Any]] = {}
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-            json.dump(spec, handle)
-        try:
-            for _ in range(self.repeat):
-                for mode in ("fedhive", "boto3_get", "boto3_transfer"):
-                    measured = _probe(mode, handle.name)
-                    if mode not in best or measured["seconds"] < best[mode]["seconds"]:
-                        best[mode] = measured
-        finally:
-            os.unlink(handle.name)
-        total = sum(r.length for r in refs)
-        rates = {mode: round(total / MiB / m["seconds"], 1) for mode, m in best.items()}
-        baseline = max(rates["boto3_get"], rates["boto3_transfer"])
-        return {"objects": len(refs), "bytes": total, "mib_per_s": rates,
-                "peak_rss_mb": {mode: m["peak_rss_mb"] for mode, m in best.items()},
-                "cpu_s_whole_process": {mode: m["cpu_s_whole_process"]
-                                        for mode, m in best.items()},
-                "ratio_vs_best_boto3": round(rates["fedhive"] / baseline, 3),
-                "ratio_vs_boto3_get_object": round(rates["fedhive"] / rates["boto3_get"], 3)}
+        """The final model's objects downloaded by fedhive's presigned reader and by boto3."""
+        return compare_downloads(self.settings, self.proxy.endpoint_url,
+                                 checkpoint_refs(self.store, names, job_id), self.repeat)
+
+
+def compare_downloads(settings: Settings, endpoint_url: str, refs: Sequence[Any],
+                      repeat: int) -> dict[str, Any]:
+    """`refs`' objects downloaded by fedhive's presigned reader and by boto3, each in a fresh
+    process, through `endpoint_url`, best of `repeat` (the readers alternating)."""
+    presigner = _client(settings, endpoint_url)
+    spec = {"endpoint": endpoint_url, "bucket": settings.s3_bucket,
+            "region": settings.s3_region,
+            "access_key": settings.aws_access_key_id,
+            "secret_key": settings.aws_secret_access_key,
+            "refs": [{"name": r.name, "key": r.key, "dtype": r.dtype,
+                      "shape": list(r.shape), "offset": r.offset, "length": r.length,
+                      "checksum": r.checksum,
+                      "url": presigner.generate_presigned_url(
+                          "get_object", Params={"Bucket": settings.s3_bucket,
+                                                "Key": r.key}, ExpiresIn=3600)}
+                     for r in refs]}
+    best: dict[str, dict[str, Any]] = {}
+    seconds: dict[str, list[float]] = {}
+    load_before = _load()
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(spec, handle)
+    try:
+        for _ in range(repeat):
+            for mode in ("fedhive", "boto3_get", "boto3_transfer"):
+                measured = _probe(mode, handle.name)
+                seconds.setdefault(mode, []).append(round(measured["seconds"], 3))
+                if mode not in best or measured["seconds"] < best[mode]["seconds"]:
+                    best[mode] = measured
+    finally:
+        os.unlink(handle.name)
+    total = sum(r.length for r in refs)
+    rates = {mode: round(total / MiB / m["seconds"], 1) for mode, m in best.items()}
+    baseline = max(rates["boto3_get"], rates["boto3_transfer"])
+    return {"objects": len(refs), "bytes": total, "mib_per_s": rates,
+            "seconds_each_try": seconds,
+            "loadavg_1_5_15_before": load_before, "loadavg_1_5_15_after": _load(),
+            "peak_rss_mb": {mode: m["peak_rss_mb"] for mode, m in best.items()},
+            "cpu_s_whole_process": {mode: m["cpu_s_whole_process"] for mode, m in best.items()},
+            "ratio_vs_best_boto3": round(rates["fedhive"] / baseline, 3),
+            "ratio_vs_boto3_get_object": round(rates["fedhive"] / rates["boto3_get"], 3)}
 
 
 def _load() -> list[float]:
@@ -655,6 +670,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def download_only(args: argparse.Namespace) -> dict[str, Any]:
+    """Only the download comparison, on a model of `--download-size` MiB of random float32
+    tensors (`--tensor-mib` each) that the script stores in the S3 server it uses, read
+    through the same byte-counting proxy (with the same connection labelling) as the run's."""
+    namespace = f"bench-download-{secrets.token_hex(3)}"
+    with ExitStack() as stack:
+        settings, s3 = stack.enter_context(bench_settings(namespace))
+        upstream = urlsplit(settings.s3_endpoint_url or "")
+        proxy = stack.enter_context(CountingProxy((upstream.hostname or "127.0.0.1",
+                                                   upstream.port or 80), attribute=owner_of))
+        store = S3BlobStore.from_settings(settings)
+        stack.callback(store.close)
+        store.ensure_bucket()
+        prefix = Names(namespace).tensor_prefix("download")
+        stack.callback(store.delete_prefix, prefix)
+        tensors = max(1, round(args.download_size / args.tensor_mib))
+        length = int(args.download_size * MiB) // tensors // 4
+        rng = np.random.default_rng()
+        codec = TensorCodec(store, settings, inline_threshold=0)
+        stack.callback(codec.close)
+        refs = []
+        for index in range(tensors):  # one at a time: the script holds one tensor, not the model
+            tensor = {f"layer{index:04d}": rng.random(length, dtype=np.float32)}
+            refs += codec.pack(tensor, prefix)
+        compared = compare_downloads(settings, proxy.endpoint_url, refs, args.repeat)
+    return {"download_vs_boto3": compared, "size_mib": args.download_size,
+            "tensor_mib": args.tensor_mib, "s3": s3,
+            "s3_for_readers": "a byte-counting TCP proxy in front of it (bench/s3_proxy.py)",
+            "python": platform.python_version(), "cpus": os.cpu_count(),
+            "command": " ".join(["bench/large_model.py", *sys.argv[1:]])}
+
+
 def guarded(run_job: Any, bus: RabbitBus, state: RedisStateStore, sites: Sequence[str],
             size_mib: float, frozen_fraction: float = 0.0, compare: bool = False,
             ) -> dict[str, Any]:
@@ -694,13 +741,22 @@ def main() -> None:
     parser.add_argument("--eight-sites-size", type=float, default=512)
     parser.add_argument("--repeat", type=int, default=3,
                         help="download comparison: best of this many runs per reader")
-    parser.add_argument("--output", type=Path, default=ROOT / "bench/results/large_model.json")
+    parser.add_argument("--download-only", action="store_true",
+                        help="only the download comparison, on a model the script stores "
+                             "(--download-size MiB); results to bench/results/"
+                             "large_model_download.json unless --output")
+    parser.add_argument("--download-size", type=float, default=512)
+    parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     args.sizes = [int(s) if float(s).is_integer() else s for s in args.sizes]
     configure("bench-large-model", level="WARNING")  # logs to stderr: stdout is the JSON result
     logging.getLogger("pika").setLevel(logging.ERROR)  # messages returned while services start
+    if args.download_only:
+        write_results(download_only(args),
+                      args.output or ROOT / "bench/results/large_model_download.json")
+        return
     results = run(args)
-    write_results(results, args.output)
+    write_results(results, args.output or ROOT / "bench/results/large_model.json")
 
 
 if __name__ == "__main__":

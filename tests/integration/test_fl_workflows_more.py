@@ -201,3 +201,27 @@ def test_cross_site_eval_records_a_failed_validation(federation: FederationFacto
     results = json.loads((fed.ctx.workspace / "eval" / "cross_val_results.json").read_text())
     assert results["a"] == {"a": {"accuracy": 0.5},
                             "b": {"error": "EXECUTION_EXCEPTION: ValueError: no validation data"}}
+
+
+class FailingPersistor(NumpyModelPersistor):
+    """Saves until round `fail_at`, then the disk is full."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__(initial={"w": [0.0] * SIZE})
+        self.fail_at = fail_at
+
+    def save(self, ctx: Any, model: Dxo, round_: int) -> Any:
+        if round_ >= self.fail_at:
+            raise OSError(28, "No space left on device")
+        return super().save(ctx, model, round_)
+
+
+def test_a_round_write_that_fails_fails_the_workflow(federation: FederationFactory) -> None:
+    """The round's writes run beside the next round; their failure still ends the workflow
+    (at the next round's close, or at its end), with the write's error."""
+    for fail_at, rounds in ((1, 5), (2, 3)):  # mid-job; the last round's own write
+        fed = federation(["a", "b"], {**components(), "persistor": FailingPersistor(fail_at)})
+        fed.start(plus_one)
+        with pytest.raises(OSError, match="No space left on device"):
+            fed.run(FedAvg(num_clients=2, num_rounds=rounds))
+        assert [r.round for r in fed.reports] == list(range(fail_at + 1))

@@ -105,11 +105,14 @@ class BaseWorkflow(Controller):
         checkpointed, and the persistor's copy is in the result)."""
         try:
             super().run(ctx)
+        except BaseException:
+            self._closing_done(failed=True)  # the workflow's own error is the one to raise
+            self._discard()
+            raise
+        try:
+            self._closing_done()
         finally:
-            try:
-                self._closing_done()
-            finally:
-                self._discard()
+            self._discard()
 
     def _discard(self) -> None:
         models = getattr(self, "models", None)
@@ -210,9 +213,14 @@ class BaseWorkflow(Controller):
         if closing is not None:
             closing.result()
 
-    def _closing_done(self) -> None:
+    def _closing_done(self, *, failed: bool = False) -> None:
         try:
             self.await_closed()
+        except Exception as err:
+            if not failed:
+                raise
+            self.ctx.log.warning("workflow.round_writes_failed", workflow=self.name,
+                                 error=str(err))
         finally:
             if self._closer is not None:
                 self._closer.shutdown()

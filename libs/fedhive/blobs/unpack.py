@@ -92,14 +92,12 @@ def unpack(
         slot_of.append(stored[identity])
     wanted = [slot for slot in slots if slot.ref.key and not slot.cached]
     reusable = [slot for slot in slots if slot.cached]
-    if reusable:
-        with ThreadPoolExecutor(max_workers=1) as side:
-            verdict = side.submit(_changed, reusable)  # re-hash cached copies meanwhile
-            _download(wanted, fetcher, workers, part_size)
-            stale = verdict.result()
-    else:  # no thread to start: a small model's every task unpacks inline refs only
+    # the pool starts its thread on the first submit: none when nothing is cached (a small
+    # model's every task unpacks inline refs only)
+    with ThreadPoolExecutor(max_workers=1) as side:
+        verdict = side.submit(_changed, reusable) if reusable else None  # re-hash meanwhile
         _download(wanted, fetcher, workers, part_size)
-        stale = []
+        stale = verdict.result() if verdict is not None else []
     for slot in stale:  # mutated since it was handed out: download it again, into new memory
         slot.cached = False
         slot.buffer = _new_buffer(slot.ref.length)

@@ -383,12 +383,13 @@ class TaskServer:
             else:
                 packed = self._codec.pack(arrays, self.ctx.tensor_prefix) if arrays else []
                 refs = {ref.name: ref for ref in packed}
-            cached = self._encode(data, refs, now_ms)
+            cached = self._encode(data, identity, refs, now_ms)
             with self._lock:
                 self._packed[task.id] = cached
         return cached.encoded
 
-    def _encode(self, data: Dxo, refs: dict[str, TensorRef], now_ms: int) -> _Packed:
+    def _encode(self, data: Dxo, identity: dict[str, int], refs: dict[str, TensorRef],
+                now_ms: int) -> _Packed:
         holder = _A()
         dxo_to_proto(data, lambda values: [refs[name] for name in values], into=holder.data)
         margin = min(URL_MARGIN_MS, self._url_ttl_s * 500)
@@ -400,8 +401,8 @@ class TaskServer:
                 url = self._store.presign_get(ref.key, self._url_ttl_s)
                 ref.url, ref.url_expires_at_ms = url.url, url.expires_at_ms
             renew_at = min(renew_at, ref.url_expires_at_ms - margin)
-        return _Packed({name: id(value) for name, value in data.data.items()}, dict(data.data),
-                       dict(data.meta), refs, holder.SerializeToString(), renew_at)
+        return _Packed(identity, dict(data.data), dict(data.meta), refs,
+                       holder.SerializeToString(), renew_at)
 
 
 def _upload_ttl(size: int) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fedhive.config import Settings
+from fedhive.config import Settings, child_environment
 from fedhive.errors import PocFailed
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -107,7 +107,7 @@ def _install(service: Service, say: Say) -> None:
     fix = (f"make apt work and run `apt-get install -y {service.package}`, "
            f"{_or_elsewhere(service)}")
     try:
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        env = child_environment({"DEBIAN_FRONTEND": "noninteractive"})
         for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q",
                                                   service.package]):
             done = _run(argv, 600, fix, env=env)
@@ -142,11 +142,12 @@ def _start(service: Service) -> None:
     if service.key == "redis":
         argv = ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port",
                 str(service.port), "--save", "", "--appendonly", "no"]
-        env = dict(os.environ)
+        env = child_environment()
     else:
         argv = ["rabbitmq-server", "-detached"]
-        env = {**os.environ, "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-               "ERL_EPMD_ADDRESS": "127.0.0.1", "RABBITMQ_NODE_PORT": str(service.port)}
+        env = child_environment({"RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+                                 "ERL_EPMD_ADDRESS": "127.0.0.1",
+                                 "RABBITMQ_NODE_PORT": str(service.port)})
     fix = f"start it yourself, e.g. `sudo {' '.join(argv[:2])}`, {_or_elsewhere(service)}"
     done = _run(argv, 60, fix, env=env, start_new_session=True)
     if done.returncode != 0:

@@ -84,6 +84,7 @@ class Running:
                                      stdout=subprocess.PIPE, stderr=self._stderr, text=True,
                                      process_group=0)
         self._lines: queue.Queue[str | None] = queue.Queue()
+        self._ended = False  # the reader's end mark was taken
         self.stdout: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -103,6 +104,7 @@ class Running:
                 raise AssertionError(f"no {text!r} within {timeout} s: "
                                      f"{''.join(self.stdout)}") from None
             if line is None:
+                self._ended = True
                 raise AssertionError(f"ended before {text!r}: {self._finish(30).stderr}")
             self.stdout.append(line)
             if text in line:
@@ -123,8 +125,9 @@ class Running:
 
     def _finish(self, timeout: float) -> subprocess.CompletedProcess[str]:
         self.proc.wait(timeout)
-        while (line := self._lines.get(timeout=5)) is not None:
+        while not self._ended and (line := self._lines.get(timeout=5)) is not None:
             self.stdout.append(line)
+        self._ended = True
         self._stderr.seek(0)
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode,
                                            "".join(self.stdout), self._stderr.read())
@@ -299,12 +302,13 @@ def test_ctrl_c_while_the_demo_runs_a_job(poc: Poc, tmp_path: Path) -> None:
 
 @pytest.mark.timeout(180)
 def test_the_disk_filling_while_the_demo_runs(poc: Poc, tmp_path: Path) -> None:
-    """Whatever fails of it (a job, a download), the disk is named."""
+    """Whatever fails of it (a job, a download), the disk is named. The disk fills once the
+    first job is submitted (its RUNNING, a second or two, can fall between two polls)."""
     before = children()
     with small_disk(poc, 520):
         demo = Running(["demo", *poc.options, "--examples", str(EXAMPLES)], poc.env,
                        tmp_path / "stderr")
-        demo.wait_for("hello-numpy: RUNNING", timeout=120)
+        demo.wait_for("hello-numpy: submitted as job", timeout=120)
         fill(poc.root)
         done = demo.finish(timeout=60)
         assert_one_line(done, 1, _disk_full(poc, r"(no space left|\d+ MiB free)"))

@@ -30,10 +30,12 @@ test: setup infra
 infra:
 	bash deploy/local/ensure-infra.sh
 
-# The README's first command: `fedhive demo` starts a POC on this machine (local RabbitMQ and
-# Redis started, or installed with apt as root, when missing; an embedded SeaweedFS S3), runs
-# examples/hello-numpy then examples/hello-pt with live progress, prints a summary and stops
-# everything it started. DEMO_ARGS="--record bench/results/demo.json" writes the wall time.
+# The README's first command: `fedhive demo` starts the whole system (docker compose where a
+# Docker engine answers; otherwise a POC on this machine: local RabbitMQ and Redis started, or
+# installed with apt as root, when missing; an embedded SeaweedFS S3), runs examples/hello-numpy
+# then examples/hello-pt with live progress, prints a summary and stops everything it started.
+# DEMO_ARGS="--record bench/results/demo.json" writes the wall time; DEMO_ARGS=--local skips
+# docker compose.
 demo: setup
 	$(VENV)/bin/fedhive demo $(DEMO_ARGS)
 

@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from fedhive.brokerusers import delete_users
+from fedhive.poc import compose
 from fedhive.poc.layout import MARKER
 from fedhive.poc.procs import stop_marked
 from fedhive.poc.s3server import weed_binary
@@ -164,7 +165,10 @@ def test_start_status_stop_leaves_no_process(poc: Poc) -> None:
 
 
 # The two commands that start a POC (`make demo` runs the second), for tests of both.
-STARTS = {"poc-start": ("poc", "start"), "demo": ("demo", "--examples", str(EXAMPLES))}
+STARTS = {"poc-start": ("poc", "start"),
+          "demo": ("demo", "--local", "--examples", str(EXAMPLES))}
+# Without a Docker engine (or its Compose plugin) the demo runs local processes by itself.
+NO_COMPOSE = compose.why_no_engine()
 
 
 @pytest.mark.parametrize("command", STARTS.values(), ids=STARTS.keys())
@@ -186,9 +190,13 @@ def test_a_taken_port_fails_cleanly_with_one_line(poc: Poc, command: tuple[str, 
 @pytest.mark.timeout(300)
 def test_demo_runs_both_examples_and_stops_everything(poc: Poc, tmp_path: Path) -> None:
     record = tmp_path / "demo.json"
-    done = poc.run("demo", *poc.options, "--examples", str(EXAMPLES), "--record", str(record),
-                   timeout=280)
+    local = [] if NO_COMPOSE else ["--local"]
+    done = poc.run("demo", *local, *poc.options, "--examples", str(EXAMPLES), "--record",
+                   str(record), timeout=280)
     assert done.returncode == 0, done.stderr + done.stdout[-3000:]
+    if NO_COMPOSE:
+        assert done.stdout.startswith(f"No docker compose ({NO_COMPOSE}): running local "
+                                      "processes.\n")
     for name in ("hello-numpy", "hello-pt"):
         assert f"{name}: round 3/3" in done.stdout
         assert f"{name}: FINISHED:COMPLETED" in done.stdout

@@ -33,7 +33,15 @@ import pytest
 
 from fedhive.poc.procs import stop_marked
 from tests.e2e import test_poc
-from tests.e2e.test_poc import EXAMPLES, FEDHIVE, STARTS, Poc, broker_users, leftovers
+from tests.e2e.test_poc import (
+    EXAMPLES,
+    FEDHIVE,
+    NO_COMPOSE,
+    STARTS,
+    Poc,
+    broker_users,
+    leftovers,
+)
 from tests.fixtures.infra import free_ports, wait_for
 
 poc = test_poc.poc  # the fixture: a POC folder, namespace, site names and port of the test's own
@@ -286,7 +294,7 @@ def test_ctrl_c_while_the_poc_starts(poc: Poc, tmp_path: Path) -> None:
 def test_ctrl_c_while_the_demo_runs_a_job(poc: Poc, tmp_path: Path) -> None:
     """The job's server job and client jobs run in sessions of their own: stopped too."""
     before = children()
-    demo = Running(["demo", *poc.options, "--examples", str(EXAMPLES)], poc.env,
+    demo = Running(["demo", "--local", *poc.options, "--examples", str(EXAMPLES)], poc.env,
                    tmp_path / "stderr")
     demo.wait_for("hello-pt: RUNNING", timeout=120)
     root = poc.root.resolve()
@@ -306,10 +314,21 @@ def test_the_disk_filling_while_the_demo_runs(poc: Poc, tmp_path: Path) -> None:
     first job is submitted (its RUNNING, a second or two, can fall between two polls)."""
     before = children()
     with small_disk(poc, 520):
-        demo = Running(["demo", *poc.options, "--examples", str(EXAMPLES)], poc.env,
+        demo = Running(["demo", "--local", *poc.options, "--examples", str(EXAMPLES)], poc.env,
                        tmp_path / "stderr")
         demo.wait_for("hello-numpy: submitted as job", timeout=120)
         fill(poc.root)
         done = demo.finish(timeout=60)
         assert_one_line(done, 1, _disk_full(poc, r"(no space left|\d+ MiB free)"))
         assert_nothing_left(poc, before)
+
+
+@pytest.mark.skipif(NO_COMPOSE is None, reason="a Docker engine answers here")
+def test_the_demo_insisting_on_docker_compose_without_an_engine(poc: Poc) -> None:
+    before = children()
+    done = poc.run("demo", "--compose", *poc.options, "--examples", str(EXAMPLES), timeout=60)
+    assert_one_line(done, 1, re.escape(
+        f"error: --compose needs docker compose: {NO_COMPOSE}: start Docker, or leave out "
+        "--compose to run local processes"))
+    assert_nothing_left(poc, before)
+    assert not (poc.root / "compose.env").exists()

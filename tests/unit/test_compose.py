@@ -31,6 +31,7 @@ import yaml
 from fedhive.auth import AdminDirectory, Role
 from fedhive.brokerusers import definitions, service_permissions, site_permissions
 from fedhive.config import Settings
+from fedhive.poc import compose as poc_compose
 from fedhive_services.gateway.main import parse_options
 from fedhive_services.job_runner.main import parse_args as runner_args
 from fedhive_services.scheduler.main import parse_args as scheduler_args
@@ -132,10 +133,16 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
-@pytest.fixture(scope="module")
-def example() -> dict[str, str]:
-    values = env_file(ENV_EXAMPLE)
-    return {**values, "FEDHIVE_TOKEN": "fh_" + "x" * 43}  # the one value it leaves empty
+@pytest.fixture(scope="module", params=["compose.env.example", "the demo's env file"])
+def example(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> \
+        dict[str, str]:
+    """The settings of an operator's deployment (the example, token set) and of the one
+    `fedhive demo` generates (fedhive.poc.compose)."""
+    if request.param == "compose.env.example":
+        return {**env_file(ENV_EXAMPLE), "FEDHIVE_TOKEN": "fh_" + "x" * 43}  # left empty there
+    path = tmp_path_factory.mktemp("demo") / "compose.env"
+    poc_compose.write_env_file(path, poc_compose.env_values(50051, tag="demo"))
+    return env_file(path)
 
 
 def environment(service: dict[str, Any], example: Mapping[str, str]) -> dict[str, str]:
@@ -184,6 +191,16 @@ def test_long_running_services_have_health_checks_and_restart_policies(
         assert services[name]["restart"] == "unless-stopped", name
     for name in ONE_SHOTS:
         assert services[name]["restart"] == "no" and "healthcheck" not in services[name]
+
+
+def test_the_demo_waits_for_exactly_the_long_running_services(services: dict[str, Any]) -> None:
+    assert poc_compose.LONG_RUNNING == LONG_RUNNING and poc_compose.ONE_SHOTS == ONE_SHOTS
+    assert set(poc_compose.SITES) == SITES
+    published = [_VAR.search(port) for service in services.values()
+                 for port in service.get("ports", [])]
+    assert {match.group(1) for match in published if match} == set(poc_compose.PORT_SETTINGS)
+    assert services["gateway"]["ports"][0].startswith(
+        f"127.0.0.1:${{{poc_compose.PORT_SETTINGS[0]}")
 
 
 def test_the_scheduler_runs_two_replicas(services: dict[str, Any]) -> None:
@@ -323,7 +340,7 @@ def test_each_service_environment_is_valid_settings_for_the_compose_network(
             assert settings.s3_endpoint_url == "http://minio:9000"
             assert settings.aws_access_key_id == example["MINIO_ROOT_USER"]
             assert settings.s3_bucket == example["FEDHIVE_S3_BUCKET"]
-        assert settings.namespace == example["FEDHIVE_NAMESPACE"]
+        assert settings.namespace == example.get("FEDHIVE_NAMESPACE", "fedhive")
     broker_env = Settings.from_env(environment(services["broker-users"], example))
     assert urlsplit(broker_env.amqp_url).hostname == "rabbitmq"
     assert urlsplit(broker_env.amqp_url).username is None  # each site gets its own user

@@ -1,11 +1,14 @@
-"""`fedhive demo` (what `make demo` runs): a POC, then examples/hello-numpy and
-examples/hello-pt with live progress, a summary, and the POC stopped again.
+"""`fedhive demo` (what `make demo` runs): the whole system, then examples/hello-numpy and
+examples/hello-pt with live progress, a summary, and the system stopped again. The system is
+the docker-compose deployment when a Docker engine answers (`--compose` insists on it), local
+processes (a POC) otherwise or with `--local`.
 
 Live: one progress bar per job (status, round k/N, the last round's aggregate metrics) and a
 line per finished round, from the job record and the rounds `fedhive metrics` shows (polled
 through the SDK). Summary: rounds, final metrics (accuracy), time, where each result and
 training curve is. Exit 0 only if both jobs completed; 1 otherwise (one line says why); 130
-after Ctrl-C (or SIGTERM), which stops everything the demo started.
+after Ctrl-C (or SIGTERM), which stops everything the demo started (`docker compose down -v`
+for the compose project).
 
 `--record FILE` writes {"demo_seconds": from the command's start to both jobs finished, ...}
 (bench/results/demo.json for the benchmark figure).
@@ -16,6 +19,8 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,7 +42,7 @@ from fedhive.cli.poc import (
 )
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError, PocFailed
-from fedhive.poc import checks
+from fedhive.poc import checks, compose
 from fedhive.poc.demo import (
     EXAMPLES,
     JobProgress,
@@ -53,13 +58,26 @@ from fedhive.poc.stop import shielded, stop_poc
 from fedhive.sdk import Session
 
 
+@dataclass
+class _System:
+    """What the demo runs its jobs on, and how it ends."""
+
+    gateway: str
+    token: str
+    stop: Callable[[], None]  # takes down what the demo started (nothing when it was running)
+    afterwards: str  # the summary's last line: how to see a job's curve later
+
+
 def demo(
     directory: DirOpt = None,
     port: Annotated[int, typer.Option("--port", min=1, max=65535,
                                       help="The gateway's port on 127.0.0.1.")] = 50051,
-    namespace: Annotated[str, typer.Option("--namespace", help="The POC's namespace.")] = "poc",
+    namespace: Annotated[str, typer.Option(
+        "--namespace", help="The POC's namespace (with docker compose: project fedhive-NAME).")]
+    = "poc",
     site_prefix: Annotated[str, typer.Option(
-        "--site-prefix", help="The two sites are PREFIX1 and PREFIX2.")] = "site-",
+        "--site-prefix", help="The two sites are PREFIX1 and PREFIX2 (local processes).")] =
+    "site-",
     examples: Annotated[Path | None, typer.Option(
         "--examples", help="Folder with hello-numpy and hello-pt.", show_default="./examples",
         file_okay=False)] = None,
@@ -67,39 +85,54 @@ def demo(
         "--record", metavar="FILE", help="Write the wall time to FILE (JSON, demo_seconds).",
         dir_okay=False)] = None,
     keep: Annotated[bool, typer.Option(
-        "--keep", help="Leave the POC running at the end (stop it with fedhive poc stop).")] =
-    False,
+        "--keep", help="Leave the system running at the end.")] = False,
+    use_compose: Annotated[bool | None, typer.Option(
+        "--compose/--local", help="Run the system with docker compose (needs a Docker engine) "
+        "or as local processes.", show_default="docker compose when a Docker engine answers")]
+    = None,
     rabbitmqctl: CtlOpt = "rabbitmqctl",
 ) -> None:
-    """Start a POC, run hello-numpy and hello-pt with live progress, summarise, stop the POC."""
+    """Start the system, run hello-numpy and hello-pt with live progress, summarise, stop it."""
     began = psutil.Process().create_time()
     console = Console()
     settings = _settings()
     try:
         folder = find_examples(examples)
         check_example_needs()
+        no_engine = compose.why_no_engine() if use_compose is not False else "--local"
+        if use_compose and no_engine:
+            raise PocFailed(f"--compose needs docker compose: {no_engine}: start Docker, or "
+                            "leave out --compose to run local processes")
     except FedhiveError as err:
         raise _fail(str(err)) from None
     interrupt_on_sigterm()
     options = PocOptions(directory, 2, site_prefix, namespace, port,
                          rabbitmqctl=tuple(shlex.split(rabbitmqctl)))
-    layout, gateway, token, started = _poc(options, settings, console)
+    layout = PocLayout.at(options.root)
+    if no_engine is None:
+        system = _compose(layout, options, keep, console)
+    else:
+        if use_compose is None:
+            console.print(f"No docker compose ({no_engine}): running local processes.",
+                          soft_wrap=True)
+        system = _poc(options, settings, keep, console)
     poc_seconds = time.time() - began
     jobs: list[JobProgress] = []
     results: dict[str, Path] = {}
     demo_seconds = 0.0
     interrupted, failure = False, None
     try:
-        with Session(gateway, token) as session:
+        with Session(system.gateway, system.token) as session:
             jobs = _run_jobs(session, folder, console)
             demo_seconds = time.time() - began
             results = {job.job_id: save_result(session, job.job_id, layout.results)
                        for job in jobs if job.completed}
     except KeyboardInterrupt:
         interrupted = True
-    except Exception as err:  # whatever it is, the POC is stopped before the one line
+    except Exception as err:  # whatever it is, the system is stopped before the one line
         failure = err
-    _stop(layout, settings, options, started and not keep, console)
+    with shielded():
+        system.stop()
     if interrupted:
         raise _fail("interrupted: stopped everything the demo had started", 130)
     if failure is not None or not all(job.completed for job in jobs):
@@ -110,7 +143,7 @@ def demo(
     if failure is not None:
         raise _fail(f"the demo failed: {str(failure) or type(failure).__name__}")
     curves = {job.job_id: _curve(job, layout) for job in jobs}
-    _summary(console, jobs, results, curves, demo_seconds, layout, started and not keep)
+    _summary(console, jobs, results, curves, demo_seconds, system.afterwards)
     if record is not None:
         _record(record, demo_seconds, poc_seconds, jobs)
     failed = [job for job in jobs if not job.completed]
@@ -119,22 +152,57 @@ def demo(
                               for job in failed))
 
 
-def _poc(options: PocOptions, settings: Settings,
-         console: Console) -> tuple[PocLayout, str, str, bool]:
+def _poc(options: PocOptions, settings: Settings, keep: bool, console: Console) -> _System:
     """A running POC in the folder is used (and left running); otherwise one is started."""
     layout = PocLayout.at(options.root)
     try:
         shown = poc_status(layout)
     except FedhiveError as err:
         raise _fail(str(err)) from None
-    if shown["running"] and shown["healthy"]:
+    use = f"export FEDHIVE_CONFIG={layout.cli_config}"
+    token = cli_token(layout) if shown["running"] and shown["healthy"] else None
+    if token:
         console.print(f"Using the POC running in {layout.root} (gateway {shown['gateway']}).")
-        token = cli_token(layout)
-        if token:
-            return layout, str(shown["gateway"]), token, False
+        return _System(str(shown["gateway"]), token, lambda: None, f"(after `{use}`).")
     console.print(f"[bold]Starting a POC[/] in {layout.root} …")
     started = run_start(options, settings)
-    return started.layout, started.state.gateway, started.token, True
+    if keep:
+        return _System(started.state.gateway, started.token, lambda: None, f"(after `{use}`).")
+    again = "fedhive poc start" + ("" if layout == PocLayout.at(None) else
+                                   f" --dir {layout.root}")
+    return _System(started.state.gateway, started.token,
+                   lambda: _stop(layout, settings, options, console),
+                   f"with the POC running (`{again}` brings it back with these jobs; then "
+                   f"`{use}`).")
+
+
+def _compose(layout: PocLayout, options: PocOptions, keep: bool, console: Console) -> _System:
+    """The compose project fedhive-NAMESPACE: used (and left running) when it runs with its env
+    file in the demo's folder; otherwise started, and taken down at the end."""
+    try:
+        stack = compose.ComposeStack(compose.find_compose_dir(), layout.root / "compose.env",
+                                     f"fedhive-{options.namespace}")
+        if stack.env_file.is_file() and stack.running():
+            console.print(f"Using the compose project {stack.project} (gateway {stack.gateway}).")
+            token = stack.settings()["FEDHIVE_TOKEN"]
+        else:
+            console.print(f"[bold]Starting docker compose[/] (env file {stack.env_file}) …")
+            with console.status("docker compose …"):  # a spinner on a terminal
+                token = compose.start_stack(stack, options.port,
+                                            say=lambda line: console.print(f"compose: {line}"))
+            if not keep:
+                return _System(stack.gateway, token, lambda: _down(stack, console),
+                               "with the system running (these jobs went with `docker compose "
+                               "down -v`; `fedhive demo --compose --keep` leaves them).")
+    except FedhiveError as err:
+        raise _fail(str(err)) from None
+    except OSError as err:  # docker itself could not run
+        raise _fail(f"docker compose: {err.strerror or err}") from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted: stopped everything the demo had started", 130) from None
+    return _System(stack.gateway, token, lambda: None,
+                   f"(after `export FEDHIVE_GATEWAY={stack.gateway} FEDHIVE_TOKEN=...`, the "
+                   f"token in {stack.env_file}); stop it with `{stack.hint('down', '-v')}`.")
 
 
 def _run_jobs(session: Session, folder: Path, console: Console) -> list[JobProgress]:
@@ -181,19 +249,23 @@ def _metrics(values: dict[str, Any]) -> str:
                       for name, value in values.items())
 
 
-def _stop(layout: PocLayout, settings: Settings, options: PocOptions, stop: bool,
-          console: Console) -> None:
-    if not stop:
-        return
+def _stop(layout: PocLayout, settings: Settings, options: PocOptions, console: Console) -> None:
     console.print("Stopping the POC …")
-    with shielded():
-        try:
-            report = stop_poc(layout, settings, options.rabbitmqctl, infra_too=True)
-        except FedhiveError as err:
-            console.print(f"[red]stopping the POC: {err}[/]")
-            return
+    try:
+        report = stop_poc(layout, settings, options.rabbitmqctl, infra_too=True)
+    except FedhiveError as err:
+        console.print(f"[red]stopping the POC: {err}[/]")
+        return
     if report is not None:
         print_stopped(report)
+
+
+def _down(stack: compose.ComposeStack, console: Console) -> None:
+    console.print(f"Stopping compose project {stack.project} (down -v) …")
+    problem = stack.down()
+    if problem is not None:
+        console.print(f"[red]docker compose down: {problem}: run `{stack.hint('down', '-v')}`[/]")
+    stack.env_file.unlink(missing_ok=True)
 
 
 def _curve(job: JobProgress, layout: PocLayout) -> Path | None:
@@ -210,8 +282,7 @@ def _curve(job: JobProgress, layout: PocLayout) -> Path | None:
 
 
 def _summary(console: Console, jobs: list[JobProgress], results: dict[str, Path],
-             curves: dict[str, Path | None], seconds: float, layout: PocLayout,
-             stopped: bool) -> None:
+             curves: dict[str, Path | None], seconds: float, afterwards: str) -> None:
     table = Table("job", "status", "rounds", "final metrics", "time", title="fedhive demo")
     table.columns[1].no_wrap = True
     for job in jobs:
@@ -234,13 +305,8 @@ def _summary(console: Console, jobs: list[JobProgress], results: dict[str, Path]
         curve = curves.get(job.job_id)
         if curve is not None:
             console.print(f"  curve   {curve}", soft_wrap=True)
-    again = "fedhive poc start" + ("" if layout == PocLayout.at(None) else
-                                   f" --dir {layout.root}")
-    use = f"export FEDHIVE_CONFIG={layout.cli_config}"
-    console.print(
-        "A job's training curve, any time: `fedhive metrics ID --plot curve.png` "
-        + (f"with the POC running (`{again}` brings it back with these jobs; then `{use}`)."
-           if stopped else f"(after `{use}`)."), soft_wrap=True)
+    console.print("A job's training curve, any time: `fedhive metrics ID --plot curve.png` "
+                  + afterwards, soft_wrap=True)
 
 
 def _record(path: Path, demo_seconds: float, poc_seconds: float, jobs: list[JobProgress]) -> \

@@ -196,8 +196,8 @@ def _compose(layout: PocLayout, options: PocOptions, keep: bool, console: Consol
                                "down -v`; `fedhive demo --compose --keep` leaves them).")
     except FedhiveError as err:
         raise _fail(str(err)) from None
-    except OSError as err:  # docker itself could not run
-        raise _fail(f"docker compose: {err.strerror or err}") from None
+    except OSError as err:  # the env file could not be written, or docker could not run
+        raise _fail(f"{err.filename}: {err.strerror}" if err.filename else str(err)) from None
     except KeyboardInterrupt:
         raise _fail("interrupted: stopped everything the demo had started", 130) from None
     return _System(stack.gateway, token, lambda: None,

@@ -77,11 +77,11 @@ def find_compose_dir(candidates: Sequence[Path] = ()) -> Path:
                     "from the fedhive repository")
 
 
-def env_values(gateway_port: int, tag: str, **extra: str) -> dict[str, str]:
+def env_values(gateway_port: int, tag: str) -> dict[str, str]:
     """The settings docker-compose.yml reads: fresh passwords and admin token, the gateway on
     `gateway_port` and free ports for the rest, the image tag `tag`."""
     ports = [gateway_port, *free_ports(len(PORT_SETTINGS) - 1)]
-    values = {
+    return {
         "RABBITMQ_USER": "fedhive", "RABBITMQ_PASSWORD": _password(),
         "RABBITMQ_SERVICES_PASSWORD": _password(), "REDIS_PASSWORD": _password(),
         "MINIO_ROOT_USER": "fedhive", "MINIO_ROOT_PASSWORD": _password(),
@@ -89,7 +89,6 @@ def env_values(gateway_port: int, tag: str, **extra: str) -> dict[str, str]:
         "FEDHIVE_IMAGE_TAG": tag,
         **{name: str(port) for name, port in zip(PORT_SETTINGS, ports, strict=True)},
     }
-    return {**values, **extra}
 
 
 def _password() -> str:
@@ -234,7 +233,8 @@ def start_stack(stack: ComposeStack, gateway_port: int, say: Say,
         stack.wait_healthy(timeout, on_wait=lambda waiting: say(f"waiting for {waiting}"))
         say(f"waiting for {', '.join(SITES)} to come online")
         deadline = time.monotonic() + timeout
-        while not set(SITES) <= probes.online_sites(stack.gateway, values["FEDHIVE_TOKEN"]):
+        gateway = f"127.0.0.1:{gateway_port}"
+        while not set(SITES) <= probes.online_sites(gateway, values["FEDHIVE_TOKEN"]):
             if time.monotonic() > deadline:
                 raise PocFailed(f"sites {', '.join(SITES)} not online after {timeout:.0f} s: "
                                 f"see `{stack.hint('logs', *SITES)}`")

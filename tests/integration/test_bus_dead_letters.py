@@ -35,9 +35,11 @@ def dead_letters(broker: Broker, queue: str, count: int) -> list[tuple[Any, byte
     return taken
 
 
+@pytest.mark.parametrize("replicated", [True, False], ids=["quorum", "classic"])
 def test_poison_message_is_dead_lettered_after_the_delivery_limit(
-    make_bus: Callable[..., RabbitBus], broker: Broker, namespace: str
+    make_bus: Callable[..., RabbitBus], broker: Broker, namespace: str, replicated: bool
 ) -> None:
+    """A quorum queue's broker counts deliveries; on a classic queue the consumer does."""
     bus = make_bus(delivery_limit=3, redelivery=Backoff(base=0.01, cap=0.05))
     queue = Names(namespace).site_queue("a")
     attempts: Counter[str] = Counter()
@@ -50,14 +52,15 @@ def test_poison_message_is_dead_lettered_after_the_delivery_limit(
             raise RuntimeError("always fails")
         done.append(message.job_id)
 
-    bus.serve(queue, handler, ABORT)
+    bus.serve(queue, handler, ABORT, replicated=replicated)
+    assert broker.queue_type(queue) == ("quorum" if replicated else "classic")
     poison_id = bus.send(queue, site_pb2.AbortRequest(job_id="poison"))
     for i in range(3):
         bus.send(queue, site_pb2.AbortRequest(job_id=f"good-{i}"))
     [(props, body)] = dead_letters(broker, queue, 1)
     assert props.message_id == poison_id
     assert site_pb2.AbortRequest.FromString(body).job_id == "poison"
-    assert attempts["poison"] == 4  # first delivery + 3 redeliveries, then the broker gives up
+    assert attempts["poison"] == 4  # first delivery + 3 redeliveries, then it is given up
     wait_for(lambda: sorted(done) == ["good-0", "good-1", "good-2"], what="the good messages")
     bus.send(queue, site_pb2.AbortRequest(job_id="after"))
     wait_for(lambda: "after" in done, what="a message after the poison one")

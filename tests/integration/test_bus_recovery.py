@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import pytest
 from google.protobuf.message import Message
 
 from fedhive.bus import Delivery, RabbitBus
@@ -78,9 +79,11 @@ def test_consumer_and_rpc_resume_after_the_broker_closes_connections(
     assert reply.token == "r"
 
 
+@pytest.mark.parametrize("replicated", [True, False], ids=["quorum", "classic"])
 def test_rpc_in_flight_survives_a_close(
-    make_bus: Callable[..., RabbitBus], broker: Broker, namespace: str
+    make_bus: Callable[..., RabbitBus], broker: Broker, namespace: str, replicated: bool
 ) -> None:
+    """Also on a classic queue (a job's task queue), whose requests are transient."""
     server, client = make_bus(name="server"), make_bus(name="client")
     queue = Names(namespace).site_queue("inflight")
     entered, release = threading.Event(), threading.Event()
@@ -90,7 +93,7 @@ def test_rpc_in_flight_survives_a_close(
         release.wait(30)
         return site_pb2.CheckResourcesReply(ok=True, token=job_id(message))
 
-    server.serve(queue, handler, [site_pb2.CheckResourcesRequest])
+    server.serve(queue, handler, [site_pb2.CheckResourcesRequest], replicated=replicated)
     result: list[str] = []
     caller = threading.Thread(target=lambda: result.append(client.call(
         queue, site_pb2.CheckResourcesRequest(job_id="x"), site_pb2.CheckResourcesReply,

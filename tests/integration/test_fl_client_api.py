@@ -192,8 +192,7 @@ def harness(settings: Settings, site_settings: dict[str, Settings],
         server = TaskServer(ctx, service_user=pika.URLParameters(settings.amqp_url)
                             .credentials.username, **server_options)
         queue = Names(namespace).job_server_queue(job_id)
-        make_bus(name="server-job").serve(queue, server.handle, TaskServer.ACCEPTS,
-                                          prefetch=8, concurrency=8)
+        server.serve(make_bus(name="server-job"), queue, handlers=8)
         harness = Harness(Job(ctx, server, queue, blob_store, site_settings, tmp_path), store,
                           settings, tmp_path)
         made.append(harness)

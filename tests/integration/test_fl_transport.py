@@ -162,8 +162,7 @@ def job(settings: Settings, site_settings: dict[str, Settings], blob_store: Blob
     server = TaskServer(ctx, service_user=pika.URLParameters(settings.amqp_url).credentials
                         .username)
     queue = Names(namespace).job_server_queue(job_id)
-    make_bus(name="server-job").serve(queue, server.handle, TaskServer.ACCEPTS, prefetch=8,
-                                      concurrency=8)
+    server.serve(make_bus(name="server-job"), queue, handlers=8)
     harness = Job(ctx, server, queue, blob_store, site_settings, tmp_path)
     yield harness
     for worker, thread in harness.workers.values():

@@ -8,6 +8,7 @@ import pytest
 
 from fedhive.bus.codec import TypeRegistry, error_from_message, error_message, type_name
 from fedhive.bus.connection import connection_parameters, user_name
+from fedhive.bus.publisher import properties
 from fedhive.bus.topology import Topology
 from fedhive.errors import FedhiveError, MalformedMessage, NotFound, RpcTimeout
 from fedhive.names import Names
@@ -80,3 +81,12 @@ def test_queue_specs_bind_by_name_and_patterns() -> None:
         topology.events_queue("x", [])
     with pytest.raises(ValueError, match="delivery_limit"):
         Topology(Names("ns"), delivery_limit=0)
+    assert spec.queue_type == "quorum"
+    assert topology.command_queue("ns.job.j.server", queue_type="classic").queue_type == "classic"
+    with pytest.raises(ValueError, match="queue_type"):
+        topology.command_queue("ns.x", queue_type="stream")
+
+
+def test_commands_are_persistent_and_rpc_requests_may_be_transient() -> None:
+    assert properties(site_pb2.AbortRequest).delivery_mode == 2
+    assert properties(site_pb2.AbortRequest, persistent=False).delivery_mode == 1

@@ -8,8 +8,9 @@ connection thread replies/acks. So a message is acked only after its handler ret
 * returned normally: reply (for an RPC request) and ack;
 * raised a `FedhiveError` (a domain error, it will never succeed): an RPC request gets a
   `fedhive.v1.Error` reply and is acked; a one-way command is dead-lettered;
-* raised anything else (transient): nack with requeue after a short backoff; the quorum queue's
-  delivery limit dead-letters it after N failed deliveries;
+* raised anything else (transient): nack with requeue after a short backoff; after N failed
+  deliveries it is dead-lettered (a quorum queue's delivery limit; on a classic queue, which
+  counts nothing, the consumer counts by message id and rejects it itself);
 * malformed (body does not parse, type missing or not accepted): dead-lettered at once with
   its raw bytes, logged with a one-line reason.
 
@@ -22,9 +23,10 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -36,7 +38,7 @@ from google.protobuf.message import Message
 from fedhive.bus.codec import Encoded, TypeRegistry, error_message
 from fedhive.bus.connection import RECONNECT, connect, user_name
 from fedhive.bus.publisher import DEADLINE_HEADER, properties
-from fedhive.bus.topology import QueueSpec, Topology
+from fedhive.bus.topology import QUORUM, QueueSpec, Topology
 from fedhive.errors import FedhiveError, MalformedMessage, Unavailable
 from fedhive.proto.v1 import common_pb2
 from fedhive.retry import Backoff
@@ -45,6 +47,7 @@ log = structlog.get_logger()
 
 # Wait before requeueing a message whose handler failed transiently (attempt = deliveries so far).
 REDELIVERY = Backoff(base=0.05, cap=2.0)
+_COUNTED = 10_000  # message ids whose failed deliveries a classic queue's consumer remembers
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class Delivery:
     type_name: str
     routing_key: str
     redelivered: bool
-    delivery_count: int  # earlier unsuccessful deliveries (quorum queues' x-delivery-count)
+    delivery_count: int  # earlier unsuccessful deliveries (x-delivery-count, or the consumer's)
     user_id: str | None  # verified by RabbitMQ when present
     reply_to: str | None
     correlation_id: str | None
@@ -125,6 +128,9 @@ class Consumer:
         self._prefetch = max(prefetch, concurrency)
         self._user_id = user_name(params) if sign else None
         self._redelivery = redelivery
+        # failed deliveries by message id, counted here when the broker does not (classic)
+        self._failed: OrderedDict[str, int] | None = (
+            None if spec.queue_type == QUORUM else OrderedDict())
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix=f"bus-handler-{spec.name}")
         self._stopping = threading.Event()
         self._ready = threading.Event()
@@ -195,6 +201,9 @@ class Consumer:
         self, session: _Session, channel: Any, method: Any, props: Any, body: bytes
     ) -> None:
         delivery = Delivery.from_amqp(self.spec.name, method, props)
+        if self._failed is not None:
+            delivery = replace(delivery,
+                               delivery_count=self._failed.get(delivery.message_id or "", 0))
         tag = method.delivery_tag
         deadline = delivery.headers.get(DEADLINE_HEADER)
         if deadline is not None and time.time() * 1000 > deadline:
@@ -242,15 +251,33 @@ class Consumer:
                 body,
                 properties(kind, user_id=self._user_id, correlation_id=delivery.correlation_id),
             )
-        if outcome.retry:
+        if outcome.retry and not self._gives_up(delivery):
             wait = self._redelivery.delay(delivery.delivery_count + 1)
             session.connection.call_later(wait, partial(self._requeue, session, tag))
             return
-        if outcome.dead_letter:
+        if outcome.dead_letter or outcome.retry:
             channel.basic_reject(tag, requeue=False)
         else:
             channel.basic_ack(tag)
+            if self._failed is not None:
+                self._failed.pop(delivery.message_id or "", None)
         session.unsettled.discard(tag)
+
+    def _gives_up(self, delivery: Delivery) -> bool:
+        """A classic queue's message failed its last allowed delivery (counted here, on the
+        connection thread); a quorum queue's broker decides itself."""
+        if self._failed is None:
+            return False
+        key = delivery.message_id or ""
+        failures = self._failed.pop(key, 0) + 1
+        if failures > self._topology.delivery_limit:
+            self._log.warning("bus.dead_letter_delivery_limit", message_id=key,
+                              deliveries=failures)
+            return True
+        self._failed[key] = failures
+        while len(self._failed) > _COUNTED:
+            self._failed.popitem(last=False)
+        return False
 
     @staticmethod
     def _requeue(session: _Session, tag: int) -> None:

@@ -53,8 +53,13 @@ class Bus(Protocol):
         binding_keys: Sequence[str] = (),
         prefetch: int = 1,
         concurrency: int = 1,
+        replicated: bool = True,
     ) -> Subscription:
-        """Consume commands and RPC requests from `queue` (declared if needed); started."""
+        """Consume commands and RPC requests from `queue` (declared if needed); started.
+
+        `replicated=False` declares a cheaper queue that a broker node's loss may take with it:
+        for a queue whose consumer holds the state anyway and whose callers resend what goes
+        unanswered (a job's task queue, which carries model tensors)."""
 
     def subscribe(
         self,

@@ -40,6 +40,7 @@ def properties(
     correlation_id: str | None = None,
     expiration_ms: int | None = None,
     headers: Mapping[str, Any] | None = None,
+    persistent: bool = True,
 ) -> pika.BasicProperties:
     """The AMQP properties every fedhive message carries.
 
@@ -55,7 +56,7 @@ def properties(
         type=type_name(message),
         message_id=message_id or uuid.uuid4().hex,
         timestamp=int(time.time()),
-        delivery_mode=pika.DeliveryMode.Persistent,
+        delivery_mode=pika.DeliveryMode.Persistent if persistent else pika.DeliveryMode.Transient,
         user_id=user_id,
         reply_to=reply_to,
         correlation_id=correlation_id,

@@ -16,7 +16,7 @@ from fedhive.bus.connection import DEFAULT_HEARTBEAT, connect, connection_parame
 from fedhive.bus.consumer import REDELIVERY, Consumer, Handler
 from fedhive.bus.publisher import REPUBLISH, Publisher
 from fedhive.bus.rpc import RpcClient
-from fedhive.bus.topology import DEFAULT_DELIVERY_LIMIT, QueueSpec, Topology
+from fedhive.bus.topology import CLASSIC, DEFAULT_DELIVERY_LIMIT, QUORUM, QueueSpec, Topology
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError, Unavailable
 from fedhive.names import Names
@@ -105,8 +105,10 @@ class RabbitBus:
         binding_keys: Sequence[str] = (),
         prefetch: int = 1,
         concurrency: int = 1,
+        replicated: bool = True,
     ) -> Consumer:
-        spec = self.topology.command_queue(queue, binding_keys)
+        spec = self.topology.command_queue(queue, binding_keys,
+                                           queue_type=QUORUM if replicated else CLASSIC)
         return self._start(spec, handler, accepts, prefetch, concurrency)
 
     def subscribe(

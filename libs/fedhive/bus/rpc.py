@@ -90,9 +90,12 @@ class RpcClient:
         try:
             for target, message in requests.items():
                 correlation_id = uuid.uuid4().hex
+                # transient: a request lives no longer than its caller waits, and the caller
+                # resends it on a new connection (a classic queue then keeps it off disk)
                 request = _Request(target, message.SerializeToString(), properties(
                     message, user_id=self._user_id, reply_to=REPLY_TO,
                     correlation_id=correlation_id, expiration_ms=max(1, math.ceil(timeout * 1000)),
+                    persistent=False,
                 ))
                 try:
                     self._send(correlation_id, request)

@@ -235,8 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serving = False
     try:
         handlers = 2 * len(sites) + 4  # a long poll and a result per site, and spares
-        bus.serve(names.job_server_queue(args.job_id), server.handle, TaskServer.ACCEPTS,
-                  prefetch=handlers, concurrency=handlers)
+        server.serve(bus, names.job_server_queue(args.job_id), handlers=handlers)
         serving = True
         log.info("server_job.started", pid=os.getpid(), sites=ctx.sites)
         run_app(args.app_dir, ctx)

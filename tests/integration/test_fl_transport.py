@@ -334,6 +334,41 @@ def test_results_the_server_cannot_take_are_refused_with_a_reason(job: Job) -> N
     assert not reply.accepted and reply.reason
 
 
+def test_a_result_asking_for_more_is_answered_with_the_next_assignment(job: Job) -> None:
+    """One round trip per task: a result sent with `next_wait_ms` is answered with the site's
+    next assignment (a long poll), which carries the verdict on the result."""
+    a = job.site("a")
+    first = Task("train", Dxo(DataKind.WEIGHTS, {"w": np.ones(4, np.float32)}))
+    job.tasks.send(first, [a])
+    assignment = job.call("a", task_pb2.GetTaskRequest(job_id=job.ctx.job_id, site=a,
+                                                       wait_ms=5000), _A)
+    done = task_pb2.TaskResult(job_id=job.ctx.job_id, site=a, task_id=assignment.task_id,
+                               task_name="train", return_code=ReturnCode.OK,
+                               next_wait_ms=10_000)
+    second = Task("validate", Dxo(DataKind.WEIGHTS, {}))
+    later = threading.Timer(0.5, lambda: job.tasks.send(second, [a]))  # while the reply waits
+    later.start()
+    reply = job.call("a", done, _A)
+    later.join()
+    assert (reply.result.accepted, reply.result.reason) == (True, "")
+    assert (reply.kind, reply.task_name) == (_A.KIND_TASK, "validate")
+    job.finish(first)
+    assert first.completion_status is CompletionStatus.OK
+    job.tasks.cancel(second)
+
+    # refused (its task is over): the verdict says why, and the poll still runs its course
+    reply = job.call("a", task_pb2.TaskResult(
+        job_id=job.ctx.job_id, site=a, task_id=assignment.task_id, task_name="train",
+        return_code=ReturnCode.OK, next_wait_ms=200), _A)
+    assert (reply.kind, reply.result.accepted) == (_A.KIND_TRY_AGAIN, False)
+    assert reply.result.reason
+    job.tasks.end_run()
+    reply = job.call("a", task_pb2.TaskResult(
+        job_id=job.ctx.job_id, site=a, task_id=reply.task_id or "none", task_name="train",
+        return_code=ReturnCode.OK, next_wait_ms=200), _A)
+    assert reply.kind == _A.KIND_END_RUN and not reply.result.accepted
+
+
 def test_a_site_speaks_only_for_itself(job: Job, make_bus: Callable[..., RabbitBus]) -> None:
     a, b = job.site("a"), job.site("b")
     poll_b = task_pb2.GetTaskRequest(job_id=job.ctx.job_id, site=b, wait_ms=0)

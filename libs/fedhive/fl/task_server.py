@@ -8,7 +8,9 @@ Messages (`Names.job_server_queue(job_id)`, see proto/fedhive/v1/task.proto):
   arrays are packed once (`ctx.codec.pack`, cached per task until it is replaced or done), and
   refs without a URL (a site's result forwarded to the next site) are presigned.
 * `TaskResult` (RPC, site): handed to `tasks.submit`; the reply says whether it was accepted
-  and why not. The DXO stays lazy (workflows materialize it with the credentialed store, which
+  and why not. With `next_wait_ms` the reply is the site's next assignment (the long poll
+  above) carrying that verdict: one round trip per task instead of two.
+  The DXO stays lazy (workflows materialize it with the credentialed store, which
   verifies checksums); a non-inline ref must name the content key of its own checksum under
   this job's tensor prefix (what a grant gives out), and its URL is dropped (a site must not
   choose the URL other sites will read). A result whose data is malformed reaches the task
@@ -113,7 +115,10 @@ class TaskServer:
         if isinstance(message, task_pb2.GetTaskRequest):
             return self.get_task(site, message.wait_ms)
         if isinstance(message, task_pb2.TaskResult):
-            return self.submit(site, message)
+            verdict = self.submit(site, message)
+            if message.next_wait_ms <= 0:
+                return verdict
+            return self.get_task(site, message.next_wait_ms, verdict)
         if isinstance(message, task_pb2.GrantUploadRequest):
             return self.grant_upload(site, list(message.checksums), list(message.sizes),
                                      message.task_id)
@@ -139,20 +144,24 @@ class TaskServer:
         return site
 
     # handlers -----------------------------------------------------------------------------
-    def get_task(self, site: str, wait_ms: int) -> task_pb2.TaskAssignment | Encoded:
+    def get_task(self, site: str, wait_ms: int,
+                 verdict: task_pb2.TaskResultReply | None = None,
+                 ) -> task_pb2.TaskAssignment | Encoded:
+        """The site's next assignment, waiting up to `wait_ms` for one; `verdict` (on the result
+        this call answers) goes with it."""
         deadline = self._clock() + min(max(wait_ms, 0) / 1000, self._max_wait_s)
         while True:
             assignment = self.tasks.next_task(site)
             if assignment.kind == "task":
                 assert assignment.client_task is not None and assignment.data is not None
-                return self._assignment(assignment.client_task, assignment.data)
+                return self._assignment(assignment.client_task, assignment.data, verdict)
             if assignment.kind == "end_run":
                 with self._lock:
                     self._ended.add(site)
-                return _A(kind=_A.KIND_END_RUN)
+                return _A(kind=_A.KIND_END_RUN, result=verdict)
             left = deadline - self._clock()
             if left <= 0 or self.ctx.abort.is_set():
-                return _A(kind=_A.KIND_TRY_AGAIN)
+                return _A(kind=_A.KIND_TRY_AGAIN, result=verdict)
             self.tasks.wait_for_work(min(left, WAIT_SLICE_S), site)
 
     def submit(self, site: str, message: task_pb2.TaskResult) -> task_pb2.TaskResultReply:
@@ -351,7 +360,8 @@ class TaskServer:
             dxo.data[name] = replace(ref, url="", url_expires_at_ms=0)
         return dxo
 
-    def _assignment(self, client_task: ClientTask, data: Dxo) -> Encoded:
+    def _assignment(self, client_task: ClientTask, data: Dxo,
+                    verdict: task_pb2.TaskResultReply | None) -> Encoded:
         task = client_task.task
         round_ = data.meta.get(MetaKey.CURRENT_ROUND)
         with self._lock:
@@ -360,7 +370,8 @@ class TaskServer:
             while len(self._assigned) > _ASSIGNED_MEMORY:
                 self._assigned.popitem(last=False)
         own = _A(kind=_A.KIND_TASK, task_id=client_task.id, task_name=task.name,
-                 props=dict_to_struct(task.props), timeout_ms=int(task.timeout * 1000))
+                 props=dict_to_struct(task.props), timeout_ms=int(task.timeout * 1000),
+                 result=verdict)
         return Encoded(_A, own.SerializeToString() + self._task_data(task, data))
 
     def _task_data(self, task: Task, data: Dxo) -> bytes:

@@ -14,7 +14,9 @@
   `EXECUTION_EXCEPTION` with the error's one line (the traceback goes to the log); a
   `TaskError` gives its own return code. Task data that does not decode: `BAD_TASK_DATA`.
 * The result's arrays go up inline or uploaded through grants (`fedhive.fl.result_packer`); a
-  result that cannot be packed or uploaded becomes an `EXECUTION_EXCEPTION` result.
+  result that cannot be packed or uploaded becomes an `EXECUTION_EXCEPTION` result. The result
+  is sent with `next_wait_ms`: its reply is the next assignment (the same long poll), so a task
+  costs one round trip after the first poll.
 * Each task's `server` channel makes the upload RPCs (`GrantUploadRequest` with sizes,
   `CompleteUploadRequest`) and `ResignRequest`; the worker's fetcher re-signs expired URLs
   through it.
@@ -99,17 +101,21 @@ class Worker:
         """Serve tasks until END_RUN (returns) or `abort` (returns soon after); then finalize
         the executors."""
         try:
+            assignment: task_pb2.TaskAssignment | None = None
             while not self.abort.is_set():
-                assignment = self._poll()
+                if assignment is None:
+                    assignment = self._poll()
                 if assignment is None or assignment.kind == _A.KIND_END_RUN:
                     if assignment is not None:
                         self._log.info("worker.end_run", tasks_done=self.tasks_done)
                         self.current_task = "ended"
                     return
                 if assignment.kind == _A.KIND_TASK:
-                    self._serve(assignment)
-                elif assignment.retry_after_ms > 0:
+                    assignment = self._serve(assignment)  # what the result's reply brought
+                    continue
+                if assignment.retry_after_ms > 0:
                     self.abort.wait(assignment.retry_after_ms / 1000)
+                assignment = None
         finally:
             self._finalize()
 
@@ -127,7 +133,9 @@ class Worker:
                                 error=one_line(err), exc_info=True)
 
     # one task -----------------------------------------------------------------------------
-    def _serve(self, assignment: task_pb2.TaskAssignment) -> None:
+    def _serve(self, assignment: task_pb2.TaskAssignment) -> task_pb2.TaskAssignment | None:
+        """Run the task and send its result, which asks for the next assignment too: returns
+        that, or None when there is none to return (the worker then polls)."""
         name, task_id = assignment.task_name, assignment.task_id
         log = self._log.bind(task=name, task_id=task_id)
         self.current_task = name
@@ -135,10 +143,11 @@ class Worker:
         outcome = self._execute(assignment, log)
         if self.abort.is_set():
             log.info("worker.result_dropped", why="the client job is stopping")
-            return
+            return None
         result = task_pb2.TaskResult(job_id=self.config.job_id, site=self.config.site,
                                      task_id=task_id, task_name=name,
-                                     return_code=outcome.return_code, error=outcome.error)
+                                     return_code=outcome.return_code, error=outcome.error,
+                                     next_wait_ms=self.config.wait_ms)
         if outcome.dxo is not None:
             try:
                 self._packer.pack(outcome.dxo, _Channel(self, task_id), into=result.data)
@@ -147,11 +156,11 @@ class Worker:
                 result.ClearField("data")
                 result.return_code = ReturnCode.EXECUTION_EXCEPTION
                 result.error = f"result could not be sent: {one_line(err)}"
-        self._submit(result, log)
         self.tasks_done += 1
         self.current_task = "waiting"
         log.info("worker.task_done", return_code=result.return_code,
                  seconds=round(time.monotonic() - started, 3))
+        return self._submit(result, log)
 
     def _execute(self, assignment: task_pb2.TaskAssignment, log: Any) -> _Outcome:
         executor = self._executors.get(assignment.task_name)
@@ -232,23 +241,27 @@ class Worker:
         reply = self._call(request, task_pb2.ResignReply)
         return {url.key: PresignedUrl(url.url, url.url_expires_at_ms) for url in reply.urls}
 
-    def _submit(self, result: task_pb2.TaskResult, log: Any) -> None:
+    def _submit(self, result: task_pb2.TaskResult, log: Any) -> task_pb2.TaskAssignment | None:
+        """Send the result; the reply is the next assignment (None if the result could not
+        be delivered)."""
         try:
-            reply = self._call(result, task_pb2.TaskResultReply)
+            reply = self._call(result, _A, wait_s=result.next_wait_ms / 1000)
         except FedhiveError as err:  # the server re-sends the task if it still wants it
             log.error("worker.result_not_delivered", error=str(err))
-            return
-        if not reply.accepted:
-            log.warning("worker.result_refused", reason=reply.reason)
+            return None
+        if not reply.result.accepted:
+            log.warning("worker.result_refused", reason=reply.result.reason)
+        return reply
 
-    def _call(self, request: Message, reply_type: type[M]) -> M:
-        """An RPC retried while the server is away, up to `result_retry_s`."""
+    def _call(self, request: Message, reply_type: type[M], *, wait_s: float = 0.0) -> M:
+        """An RPC retried while the server is away, up to `result_retry_s`; `wait_s`: how long
+        the server may hold it (a long poll) on top of `call_timeout_s`."""
         deadline = time.monotonic() + self.config.result_retry_s
         delays = RETRY.delays()
         while True:
             try:
                 return self._bus.call(self.config.server_queue, request, reply_type,
-                                      timeout=self.config.call_timeout_s)
+                                      timeout=self.config.call_timeout_s + wait_s)
             except _TRANSIENT as err:
                 if time.monotonic() > deadline or self.abort.is_set():
                     raise

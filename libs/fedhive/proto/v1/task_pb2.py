@@ -27,43 +27,43 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from fedhive.proto.v1 import common_pb2 as fedhive_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66\x65\x64hive/v1/task.proto\x12\nfedhive.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17\x66\x65\x64hive/v1/common.proto\"}\n\x03\x44xo\x12\'\n\tdata_kind\x18\x01 \x01(\x0e\x32\x14.fedhive.v1.DataKind\x12&\n\x07tensors\x18\x02 \x03(\x0b\x32\x15.fedhive.v1.TensorRef\x12%\n\x04meta\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"?\n\x0eGetTaskRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x05\"\xa9\x02\n\x0eTaskAssignment\x12-\n\x04kind\x18\x01 \x01(\x0e\x32\x1f.fedhive.v1.TaskAssignment.Kind\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x11\n\ttask_name\x18\x03 \x01(\t\x12\x1d\n\x04\x64\x61ta\x18\x04 \x01(\x0b\x32\x0f.fedhive.v1.Dxo\x12&\n\x05props\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x16\n\x0eretry_after_ms\x18\x06 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x07 \x01(\x03\"Q\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\r\n\tKIND_TASK\x10\x01\x12\x12\n\x0eKIND_TRY_AGAIN\x10\x02\x12\x10\n\x0cKIND_END_RUN\x10\x03\"\x91\x01\n\nTaskResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x11\n\ttask_name\x18\x04 \x01(\t\x12\x13\n\x0breturn_code\x18\x05 \x01(\t\x12\x1d\n\x04\x64\x61ta\x18\x06 \x01(\x0b\x32\x0f.fedhive.v1.Dxo\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"3\n\x0fTaskResultReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"e\n\x12GrantUploadRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x11\n\tchecksums\x18\x04 \x03(\t\x12\r\n\x05sizes\x18\x05 \x03(\x03\"\xda\x01\n\x0bUploadGrant\x12/\n\x07targets\x18\x01 \x03(\x0b\x32\x1e.fedhive.v1.UploadGrant.Target\x1a\x99\x01\n\x06Target\x12\x10\n\x08\x63hecksum\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x19\n\x11url_expires_at_ms\x18\x04 \x01(\x03\x12\x0f\n\x07present\x18\x05 \x01(\x08\x12\x11\n\tupload_id\x18\x06 \x01(\t\x12\x11\n\tpart_size\x18\x07 \x01(\x03\x12\x11\n\tpart_urls\x18\x08 \x03(\t\"d\n\x15\x43ompleteUploadRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x11\n\tupload_id\x18\x04 \x01(\t\x12\r\n\x05\x65tags\x18\x05 \x03(\t\";\n\rResignRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x03(\t\"@\n\tSignedUrl\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x19\n\x11url_expires_at_ms\x18\x03 \x01(\x03\"2\n\x0bResignReply\x12#\n\x04urls\x18\x01 \x03(\x0b\x32\x15.fedhive.v1.SignedUrl\"9\n\nWorkerExit\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\x90\x01\n\x0eRoundCompleted\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x05\x12\x12\n\nnum_rounds\x18\x04 \x01(\x05\x12(\n\x07metrics\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07time_ms\x18\x06 \x01(\x03*\x88\x01\n\x08\x44\x61taKind\x12\x19\n\x15\x44\x41TA_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44\x41TA_KIND_WEIGHTS\x10\x01\x12\x19\n\x15\x44\x41TA_KIND_WEIGHT_DIFF\x10\x02\x12\x15\n\x11\x44\x41TA_KIND_METRICS\x10\x03\x12\x18\n\x14\x44\x41TA_KIND_COLLECTION\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66\x65\x64hive/v1/task.proto\x12\nfedhive.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17\x66\x65\x64hive/v1/common.proto\"}\n\x03\x44xo\x12\'\n\tdata_kind\x18\x01 \x01(\x0e\x32\x14.fedhive.v1.DataKind\x12&\n\x07tensors\x18\x02 \x03(\x0b\x32\x15.fedhive.v1.TensorRef\x12%\n\x04meta\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"?\n\x0eGetTaskRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x05\"\xd6\x02\n\x0eTaskAssignment\x12-\n\x04kind\x18\x01 \x01(\x0e\x32\x1f.fedhive.v1.TaskAssignment.Kind\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x11\n\ttask_name\x18\x03 \x01(\t\x12\x1d\n\x04\x64\x61ta\x18\x04 \x01(\x0b\x32\x0f.fedhive.v1.Dxo\x12&\n\x05props\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x16\n\x0eretry_after_ms\x18\x06 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x07 \x01(\x03\x12+\n\x06result\x18\x08 \x01(\x0b\x32\x1b.fedhive.v1.TaskResultReply\"Q\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\r\n\tKIND_TASK\x10\x01\x12\x12\n\x0eKIND_TRY_AGAIN\x10\x02\x12\x10\n\x0cKIND_END_RUN\x10\x03\"\xa7\x01\n\nTaskResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x11\n\ttask_name\x18\x04 \x01(\t\x12\x13\n\x0breturn_code\x18\x05 \x01(\t\x12\x1d\n\x04\x64\x61ta\x18\x06 \x01(\x0b\x32\x0f.fedhive.v1.Dxo\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x14\n\x0cnext_wait_ms\x18\x08 \x01(\x05\"3\n\x0fTaskResultReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"e\n\x12GrantUploadRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x11\n\tchecksums\x18\x04 \x03(\t\x12\r\n\x05sizes\x18\x05 \x03(\x03\"\xda\x01\n\x0bUploadGrant\x12/\n\x07targets\x18\x01 \x03(\x0b\x32\x1e.fedhive.v1.UploadGrant.Target\x1a\x99\x01\n\x06Target\x12\x10\n\x08\x63hecksum\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x19\n\x11url_expires_at_ms\x18\x04 \x01(\x03\x12\x0f\n\x07present\x18\x05 \x01(\x08\x12\x11\n\tupload_id\x18\x06 \x01(\t\x12\x11\n\tpart_size\x18\x07 \x01(\x03\x12\x11\n\tpart_urls\x18\x08 \x03(\t\"d\n\x15\x43ompleteUploadRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x11\n\tupload_id\x18\x04 \x01(\t\x12\r\n\x05\x65tags\x18\x05 \x03(\t\";\n\rResignRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x03(\t\"@\n\tSignedUrl\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x19\n\x11url_expires_at_ms\x18\x03 \x01(\x03\"2\n\x0bResignReply\x12#\n\x04urls\x18\x01 \x03(\x0b\x32\x15.fedhive.v1.SignedUrl\"9\n\nWorkerExit\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\x90\x01\n\x0eRoundCompleted\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x05\x12\x12\n\nnum_rounds\x18\x04 \x01(\x05\x12(\n\x07metrics\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07time_ms\x18\x06 \x01(\x03*\x88\x01\n\x08\x44\x61taKind\x12\x19\n\x15\x44\x41TA_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44\x41TA_KIND_WEIGHTS\x10\x01\x12\x19\n\x15\x44\x41TA_KIND_WEIGHT_DIFF\x10\x02\x12\x15\n\x11\x44\x41TA_KIND_METRICS\x10\x03\x12\x18\n\x14\x44\x41TA_KIND_COLLECTION\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedhive.proto.v1.task_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DATAKIND']._serialized_start=1597
-  _globals['_DATAKIND']._serialized_end=1733
+  _globals['_DATAKIND']._serialized_start=1664
+  _globals['_DATAKIND']._serialized_end=1800
   _globals['_DXO']._serialized_start=92
   _globals['_DXO']._serialized_end=217
   _globals['_GETTASKREQUEST']._serialized_start=219
   _globals['_GETTASKREQUEST']._serialized_end=282
   _globals['_TASKASSIGNMENT']._serialized_start=285
-  _globals['_TASKASSIGNMENT']._serialized_end=582
-  _globals['_TASKASSIGNMENT_KIND']._serialized_start=501
-  _globals['_TASKASSIGNMENT_KIND']._serialized_end=582
-  _globals['_TASKRESULT']._serialized_start=585
-  _globals['_TASKRESULT']._serialized_end=730
-  _globals['_TASKRESULTREPLY']._serialized_start=732
-  _globals['_TASKRESULTREPLY']._serialized_end=783
-  _globals['_GRANTUPLOADREQUEST']._serialized_start=785
-  _globals['_GRANTUPLOADREQUEST']._serialized_end=886
-  _globals['_UPLOADGRANT']._serialized_start=889
-  _globals['_UPLOADGRANT']._serialized_end=1107
-  _globals['_UPLOADGRANT_TARGET']._serialized_start=954
-  _globals['_UPLOADGRANT_TARGET']._serialized_end=1107
-  _globals['_COMPLETEUPLOADREQUEST']._serialized_start=1109
-  _globals['_COMPLETEUPLOADREQUEST']._serialized_end=1209
-  _globals['_RESIGNREQUEST']._serialized_start=1211
-  _globals['_RESIGNREQUEST']._serialized_end=1270
-  _globals['_SIGNEDURL']._serialized_start=1272
-  _globals['_SIGNEDURL']._serialized_end=1336
-  _globals['_RESIGNREPLY']._serialized_start=1338
-  _globals['_RESIGNREPLY']._serialized_end=1388
-  _globals['_WORKEREXIT']._serialized_start=1390
-  _globals['_WORKEREXIT']._serialized_end=1447
-  _globals['_ROUNDCOMPLETED']._serialized_start=1450
-  _globals['_ROUNDCOMPLETED']._serialized_end=1594
+  _globals['_TASKASSIGNMENT']._serialized_end=627
+  _globals['_TASKASSIGNMENT_KIND']._serialized_start=546
+  _globals['_TASKASSIGNMENT_KIND']._serialized_end=627
+  _globals['_TASKRESULT']._serialized_start=630
+  _globals['_TASKRESULT']._serialized_end=797
+  _globals['_TASKRESULTREPLY']._serialized_start=799
+  _globals['_TASKRESULTREPLY']._serialized_end=850
+  _globals['_GRANTUPLOADREQUEST']._serialized_start=852
+  _globals['_GRANTUPLOADREQUEST']._serialized_end=953
+  _globals['_UPLOADGRANT']._serialized_start=956
+  _globals['_UPLOADGRANT']._serialized_end=1174
+  _globals['_UPLOADGRANT_TARGET']._serialized_start=1021
+  _globals['_UPLOADGRANT_TARGET']._serialized_end=1174
+  _globals['_COMPLETEUPLOADREQUEST']._serialized_start=1176
+  _globals['_COMPLETEUPLOADREQUEST']._serialized_end=1276
+  _globals['_RESIGNREQUEST']._serialized_start=1278
+  _globals['_RESIGNREQUEST']._serialized_end=1337
+  _globals['_SIGNEDURL']._serialized_start=1339
+  _globals['_SIGNEDURL']._serialized_end=1403
+  _globals['_RESIGNREPLY']._serialized_start=1405
+  _globals['_RESIGNREPLY']._serialized_end=1455
+  _globals['_WORKEREXIT']._serialized_start=1457
+  _globals['_WORKEREXIT']._serialized_end=1514
+  _globals['_ROUNDCOMPLETED']._serialized_start=1517
+  _globals['_ROUNDCOMPLETED']._serialized_end=1661
 # @@protoc_insertion_point(module_scope)

@@ -132,6 +132,7 @@ class TaskAssignment(_message.Message):
     PROPS_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
     kind: Global___TaskAssignment.Kind.ValueType
     task_id: _builtins.str
     task_name: _builtins.str
@@ -141,6 +142,10 @@ class TaskAssignment(_message.Message):
     def data(self) -> Global___Dxo: ...
     @_builtins.property
     def props(self) -> _struct_pb2.Struct: ...
+    @_builtins.property
+    def result(self) -> Global___TaskResultReply:
+        """replying to a TaskResult with next_wait_ms: the verdict on it"""
+
     def __init__(
         self,
         *,
@@ -151,10 +156,11 @@ class TaskAssignment(_message.Message):
         props: _struct_pb2.Struct | None = ...,
         retry_after_ms: _builtins.int = ...,
         timeout_ms: _builtins.int = ...,
+        result: Global___TaskResultReply | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "props", b"props"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "props", b"props", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "kind", b"kind", "props", b"props", "retry_after_ms", b"retry_after_ms", "task_id", b"task_id", "task_name", b"task_name", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "kind", b"kind", "props", b"props", "result", b"result", "retry_after_ms", b"retry_after_ms", "task_id", b"task_id", "task_name", b"task_name", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -171,6 +177,7 @@ class TaskResult(_message.Message):
     RETURN_CODE_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    NEXT_WAIT_MS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     site: _builtins.str
     task_id: _builtins.str
@@ -179,6 +186,11 @@ class TaskResult(_message.Message):
     """"OK" or an error code (fedhive.fl.tasks.ReturnCode)"""
     error: _builtins.str
     """one line: what went wrong, with an error return code"""
+    next_wait_ms: _builtins.int
+    """> 0: the reply is the site's next TaskAssignment (a long poll of this budget, as
+    GetTaskRequest's) with the verdict on this result in it, saving the site a poll per task;
+    0: the reply is a TaskResultReply.
+    """
     @_builtins.property
     def data(self) -> Global___Dxo: ...
     def __init__(
@@ -191,10 +203,11 @@ class TaskResult(_message.Message):
         return_code: _builtins.str = ...,
         data: Global___Dxo | None = ...,
         error: _builtins.str = ...,
+        next_wait_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "error", b"error", "job_id", b"job_id", "return_code", b"return_code", "site", b"site", "task_id", b"task_id", "task_name", b"task_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "error", b"error", "job_id", b"job_id", "next_wait_ms", b"next_wait_ms", "return_code", b"return_code", "site", b"site", "task_id", b"task_id", "task_name", b"task_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -5,6 +5,7 @@ persistors writing a lazy model tensor by tensor."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -106,6 +107,31 @@ def test_a_tensor_every_site_sent_unchanged_is_the_model_s_own_object(
     assert isinstance(kept, TensorRef)
     assert (kept.key, kept.checksum) == (model.data["frozen"].key, model.data["frozen"].checksum)
     np.testing.assert_array_equal(fed.materialized(aggregate).data["w"], 2.0)
+
+
+def test_inline_bytes_falsely_labelled_unchanged_never_reach_the_aggregate(
+        federation: FederationFactory) -> None:
+    """A site labels other inline bytes with the unchanged tensor's checksum: the pass-through
+    checks the label, so the liar's result is read, fails its checksum and is left out."""
+    fed = federation(["a", "b"], {})
+    models = ModelStore.of(fed.ctx)
+    frozen = np.arange(8, dtype=np.float32)  # 32 bytes: inline (the fixture's threshold is 64)
+    model = models.pack({"frozen": frozen, "w": np.zeros(N, np.float32)}.items())
+    aggregator = InTimeAccumulateWeightedAggregator(in_time_mb=0)  # streamed: "w" is stored
+    aggregator.bind(models)
+    aggregator.begin_round(2, model)
+    for site, value in (("a", 1.0), ("b", 3.0)):
+        refs = {ref.name: ref for ref in fed.pack({"frozen": frozen.copy(),
+                                                   "w": np.full(N, value, np.float32)})}
+        assert refs["frozen"].is_inline and not refs["w"].is_inline
+        if site == "a":  # the same label on other bytes
+            refs["frozen"] = replace(refs["frozen"],
+                                     inline_data=np.full(8, 666, np.float32).tobytes())
+        assert aggregator.accept(site, Dxo(DataKind.WEIGHTS, refs)) == (True, "")
+    aggregate = fed.materialized(aggregator.aggregate())
+    assert list(aggregator.failed) == ["a"] and "checksum" in aggregator.failed["a"]
+    np.testing.assert_array_equal(aggregate.data["frozen"], frozen)
+    np.testing.assert_array_equal(aggregate.data["w"], 3.0)
 
 
 def test_results_that_do_not_fit_the_global_model_are_rejected_naming_job_round_site_tensor(

@@ -24,7 +24,8 @@ modes chosen per result by its size:
   tensors at a time within `stream_memory_mb`: download each site's tensor (checksum
   verified), accumulate, store the new tensor at its content key, drop. The server holds a few
   tensors, never the model times the sites. A tensor every site sent unchanged (the same
-  checksum: frozen layers) is the global model's tensor as it is, read by no one.
+  checksum: frozen layers) is the global model's tensor as it is, read by no one (an inline
+  one's few bytes are hashed first: nobody would read them later to catch a false label).
 
 A result whose data turns out unreadable while streaming is left out with its reason in
 `failed` and the aggregate is computed again without it, so nothing it sent reaches the model.
@@ -42,7 +43,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fedhive.blobs import TensorKind, TensorRef
+from fedhive.blobs import TensorKind, TensorRef, checksum
 from fedhive.blobs.dtypes import bytes_to_torch
 from fedhive.blobs.transfer import MiB
 from fedhive.errors import FedhiveError, InvalidArgument
@@ -383,8 +384,8 @@ class InTimeAccumulateWeightedAggregator(Aggregator):
         """One tensor of the aggregate: the in-time sum plus each part, averaged, stored."""
         assert self.models is not None
         refs = [part.value for part in job.parts if isinstance(part.value, TensorRef)]
-        if job.folded is None and len(refs) == len(job.parts) and len(
-                {ref.checksum for ref in refs}) == 1:
+        if (job.folded is None and len(refs) == len(job.parts)
+                and len({ref.checksum for ref in refs}) == 1 and _labelled_truly(refs[0])):
             return replace(refs[0], name=job.name, url="", url_expires_at_ms=0)
         if job.folded is None:
             total: Array | None = None
@@ -409,6 +410,17 @@ class InTimeAccumulateWeightedAggregator(Aggregator):
         del total
         ref: TensorRef = writer.put(job.name, stored, dtype=job.spec.dtype, kind=job.spec.kind)
         return ref
+
+
+def _labelled_truly(ref: TensorRef) -> bool:
+    """Whether a ref passed through unread holds what its checksum says: a stored object is
+    verified by whoever reads it; inline bytes are checked here (a site could otherwise label
+    other bytes as the unchanged tensor, and they would become the aggregate's)."""
+    if not ref.is_inline:
+        return True
+    hasher = checksum.hasher_for(ref.checksum, ref.name)
+    hasher.update(ref.inline_data)
+    return checksum.matches(ref.checksum, hasher)
 
 
 def _check_mb(value: Any, field_name: str) -> float:

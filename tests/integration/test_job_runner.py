@@ -214,6 +214,8 @@ def test_abort_of_a_running_job_stops_everything(stack: Stack) -> None:
     wait_for(lambda: stack.freed(job_id), timeout=15, what="every site to be freed")
     wait_for(lambda: _gone(entry.pid), timeout=10, what="the server job to be stopped")
     assert stack.job(job_id).status == S.FINISHED_ABORTED
+    # the result is stored after the sites are freed (the runner zips the workspace last)
+    wait_for(lambda: stack.job(job_id).result_key, timeout=15, what="the job's result")
     assert "server_job.log" in stack.result(stack.job(job_id))
 
 

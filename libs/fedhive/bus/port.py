@@ -57,9 +57,8 @@ class Bus(Protocol):
     ) -> Subscription:
         """Consume commands and RPC requests from `queue` (declared if needed); started.
 
-        `replicated=False` declares a cheaper queue that a broker node's loss may take with it:
-        for a queue whose consumer holds the state anyway and whose callers resend what goes
-        unanswered (a job's task queue, which carries model tensors)."""
+        `replicated=False` declares a cheaper queue that a broker node's loss may take with it
+        (a job's task queue; see `fedhive.bus.topology`)."""
 
     def subscribe(
         self,

@@ -100,10 +100,8 @@ class TaskServer:
 
     # bus entry point ----------------------------------------------------------------------
     def serve(self, bus: Bus, queue: str, *, handlers: int) -> Subscription:
-        """Answer `queue` (the job's task queue) with `handlers` threads. The queue is not
-        replicated: this process holds the job's state, and sites resend what goes unanswered,
-        while a replicated (quorum) queue writes every result's bytes to its log (4-5x the
-        broker's CPU per MiB)."""
+        """Answer `queue` (the job's task queue) with `handlers` threads, on a queue that is
+        not replicated (why: `fedhive.bus.topology`)."""
         return bus.serve(queue, self.handle, self.ACCEPTS, prefetch=handlers,
                          concurrency=handlers, replicated=False)
 

@@ -19,7 +19,6 @@ import dataclasses
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -30,10 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.fixtures.infra (the SeaweedFS launcher)
 
-import boto3  # noqa: E402
 import numpy as np  # noqa: E402
-from botocore.config import Config  # noqa: E402
-from support import BUCKET, bench_settings, write_results  # noqa: E402  (bench/support.py, beside this script)
+from support import BUCKET, bench_settings, high_water_mb, s3_client, write_results  # noqa: E402  (bench/support.py, beside this script)
 
 from fedhive.blobs import (  # noqa: E402
     PresignedFetcher,
@@ -50,15 +47,6 @@ from fedhive.proto.v1 import common_pb2  # noqa: E402
 MiB = 1024 * 1024
 
 
-def plain_client(settings: Settings) -> Any:
-    return boto3.client(
-        "s3", endpoint_url=settings.s3_endpoint_url, region_name=settings.s3_region,
-        aws_access_key_id=settings.aws_access_key_id,
-        aws_secret_access_key=settings.aws_secret_access_key,
-        config=Config(s3={"addressing_style": "path"}),
-    )
-
-
 def make_model(case: str, size_mib: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     if case == "one_tensor":
@@ -73,7 +61,7 @@ def worker(mode: str, job: Path) -> dict[str, Any]:
     settings = Settings(**spec["settings"])
     start = time.perf_counter()
     if mode == "boto3":
-        client = plain_client(settings)
+        client = s3_client(settings)
         start = time.perf_counter()
         blobs = [client.get_object(Bucket=BUCKET, Key=key)["Body"].read() for key in spec["keys"]]
         seconds = time.perf_counter() - start
@@ -90,16 +78,7 @@ def worker(mode: str, job: Path) -> dict[str, Any]:
             tensors = codec.unpack(refs, via="store")
         seconds = time.perf_counter() - start
         nbytes = sum(int(t.nbytes) for t in tensors.values())
-    return {"seconds": seconds, "bytes": nbytes, "peak_rss": peak_rss()}
-
-
-def peak_rss() -> int:
-    """Peak RSS of this process image: VmHWM. (On Linux ru_maxrss survives fork+exec, so a
-    child would report its parent's size whenever that is larger.)"""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"seconds": seconds, "bytes": nbytes, "peak_rss": int(high_water_mb(os.getpid()) * MiB)}
 
 
 def run_worker(mode: str, job: Path) -> dict[str, Any]:
@@ -121,7 +100,7 @@ def bench_case(
     model_bytes = sum(a.nbytes for a in model.values())
     store = S3BlobStore.from_settings(settings)
     codec = TensorCodec(store, settings, inline_threshold=0)
-    client = plain_client(settings)
+    client = s3_client(settings)
     payloads = {name: array.tobytes() for name, array in model.items()}  # boto3 needs bytes
     runs: dict[str, list[float]] = {"codec_upload": [], "boto3_upload": []}
     downloads: dict[str, list[dict[str, Any]]] = {"codec_url": [], "codec_store": [], "boto3": []}

@@ -19,19 +19,17 @@ Measured per run:
   by the rounds' report times (round r: after report r-1, up to report r); each trainer's
   transfer rate from its first to its last bulk byte;
 * the trainers' own counters (metrics of each round);
-* after the run, the same objects (the final model's, from the job's checkpoint) downloaded in
-  a fresh process by fedhive's presigned-URL reader (what the trainer uses) and by plain
-  boto3, both through the proxy, best of `--repeat`;
+* after the 512 MiB run, the same objects (the final model's, from the job's checkpoint)
+  downloaded through the proxy by fedhive's presigned-URL reader (what the trainer uses) and by
+  plain boto3, each in a fresh process, alternating `--repeat` times (bench/downloads.py);
 then the frozen case (`--frozen-fraction` of the tensors left unchanged: bytes per round after
 the first drop by that fraction) and the 512 MiB model with 8 sites (total RSS of all fedhive
 processes).
 
     .venv/bin/python bench/large_model.py [--sizes 64 512 2048] [--rounds 3]
         [--frozen-size 512] [--eight-sites/--no-eight-sites] [--eight-sites-size 512]
-    .venv/bin/python bench/large_model.py --download-only [--download-size 512] [--repeat 3]
 
-`--download-only` runs only the download comparison, on a model of random tensors the script
-stores itself (no services, no job), and writes bench/results/large_model_download.json.
+bench/downloads.py runs the download comparison alone, on a model of random tensors it stores.
 
 RabbitMQ (as a user that may run rabbitmqctl) and Redis from the environment; S3 too when
 FEDHIVE_S3_ENDPOINT_URL is set, otherwise a SeaweedFS started here. Prints JSON and writes
@@ -48,10 +46,8 @@ import json
 import logging
 import os
 import platform
-import resource
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -66,13 +62,13 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.fixtures (the service launchers, SeaweedFS)
 
-import numpy as np  # noqa: E402
 import psutil  # noqa: E402
+from downloads import compare_downloads  # noqa: E402  (beside this script)
 from s3_proxy import CountingProxy  # noqa: E402  (beside this script)
 from scheduling import running_services, submit, wait_final  # noqa: E402
-from support import bench_settings, write_results  # noqa: E402
+from support import bench_settings, high_water_mb, load_average, write_results  # noqa: E402
 
-from fedhive.blobs import S3BlobStore, TensorCodec, bundle_from_proto  # noqa: E402
+from fedhive.blobs import S3BlobStore, bundle_from_proto  # noqa: E402
 from fedhive.bus import RabbitBus  # noqa: E402
 from fedhive.config import Settings  # noqa: E402
 from fedhive.jobs.status import JobStatus  # noqa: E402
@@ -147,17 +143,6 @@ def owner_of(peer: tuple[str, int], proxy: tuple[str, int]) -> str:
                 return f"{site_of(proc) or '-'}/{role_of(proc) or proc.name()}"
         time.sleep(0.02)
     return "unknown"
-
-
-def high_water_mb(pid: int) -> float:
-    """The kernel's peak resident set of `pid` (VmHWM), 0 when unreadable."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 @dataclasses.dataclass
@@ -358,7 +343,7 @@ class Bench:
                                   "tensor_mib": round(size_mib / tensors, 3),
                                   "frozen_fraction": frozen_fraction,
                                   "disk_free_gib_before": round(free, 1),
-                                  "loadavg_1_5_15_at_start": _load()}
+                                  "loadavg_1_5_15_at_start": load_average()}
         if free < needed:
             result["skipped"] = f"{free:.1f} GiB free on {self.data_dir}, {needed:.1f} needed"
             return result
@@ -379,7 +364,7 @@ class Bench:
         (record,) = wait_final(state, [job_id], timeout)
         ended = record.history[-1].at_ms / 1000
         result.update(job_id=job_id, status=record.status.value,
-                      job_s=round(ended - started, 1), loadavg_1_5_15_at_end=_load())
+                      job_s=round(ended - started, 1), loadavg_1_5_15_at_end=load_average())
         peaks = self.sampler.peaks()
         result["peak_rss_mb"] = by_role(peaks)
         result["cpu_s"] = cpu_by_role(peaks)
@@ -457,111 +442,6 @@ class Bench:
                                  checkpoint_refs(self.store, names, job_id), self.repeat)
 
 
-def compare_downloads(settings: Settings, endpoint_url: str, refs: Sequence[Any],
-                      repeat: int) -> dict[str, Any]:
-    """`refs`' objects downloaded by fedhive's presigned reader and by boto3, each in a fresh
-    process, through `endpoint_url`, best of `repeat` (the readers alternating)."""
-    presigner = _client(settings, endpoint_url)
-    spec = {"endpoint": endpoint_url, "bucket": settings.s3_bucket,
-            "region": settings.s3_region,
-            "access_key": settings.aws_access_key_id,
-            "secret_key": settings.aws_secret_access_key,
-            "refs": [{"name": r.name, "key": r.key, "dtype": r.dtype,
-                      "shape": list(r.shape), "offset": r.offset, "length": r.length,
-                      "checksum": r.checksum,
-                      "url": presigner.generate_presigned_url(
-                          "get_object", Params={"Bucket": settings.s3_bucket,
-                                                "Key": r.key}, ExpiresIn=3600)}
-                     for r in refs]}
-    best: dict[str, dict[str, Any]] = {}
-    seconds: dict[str, list[float]] = {}
-    load_before = _load()
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump(spec, handle)
-    try:
-        for _ in range(repeat):
-            for mode in ("fedhive", "boto3_get", "boto3_transfer"):
-                measured = _probe(mode, handle.name)
-                seconds.setdefault(mode, []).append(round(measured["seconds"], 3))
-                if mode not in best or measured["seconds"] < best[mode]["seconds"]:
-                    best[mode] = measured
-    finally:
-        os.unlink(handle.name)
-    total = sum(r.length for r in refs)
-    rates = {mode: round(total / MiB / m["seconds"], 1) for mode, m in best.items()}
-    baseline = max(rates["boto3_get"], rates["boto3_transfer"])
-    return {"objects": len(refs), "bytes": total, "mib_per_s": rates,
-            "seconds_each_try": seconds,
-            "loadavg_1_5_15_before": load_before, "loadavg_1_5_15_after": _load(),
-            "peak_rss_mb": {mode: m["peak_rss_mb"] for mode, m in best.items()},
-            "cpu_s_whole_process": {mode: m["cpu_s_whole_process"] for mode, m in best.items()},
-            "ratio_vs_best_boto3": round(rates["fedhive"] / baseline, 3),
-            "ratio_vs_boto3_get_object": round(rates["fedhive"] / rates["boto3_get"], 3)}
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def _client(settings: Settings, endpoint: str) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client("s3", endpoint_url=endpoint, region_name=settings.s3_region,
-                        aws_access_key_id=settings.aws_access_key_id,
-                        aws_secret_access_key=settings.aws_secret_access_key,
-                        config=Config(signature_version="s3v4",
-                                      s3={"addressing_style": "path"}))
-
-
-# download probes (run in a fresh process: `--probe MODE SPEC`) ----------------------------------
-def _probe(mode: str, spec_path: str) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, __file__, "--probe", mode, spec_path],
-                          capture_output=True, text=True, check=False, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"download probe {mode} failed: {done.stderr[-2000:]}")
-    measured: dict[str, Any] = json.loads(done.stdout)
-    return measured
-
-
-def probe(mode: str, spec_path: str) -> dict[str, Any]:
-    spec = json.loads(Path(spec_path).read_text())
-    refs = spec["refs"]
-    if mode == "fedhive":
-        from fedhive.blobs import PresignedFetcher, TensorKind, TensorRef, unpack
-
-        tensors = [TensorRef(name=r["name"], dtype=r["dtype"], shape=tuple(r["shape"]),
-                             kind=TensorKind.NUMPY, key=r["key"], url=r["url"],
-                             url_expires_at_ms=int(time.time() * 1000) + 3_600_000,
-                             offset=r["offset"], length=r["length"], checksum=r["checksum"])
-                   for r in refs]
-        fetcher = PresignedFetcher()
-        start = time.perf_counter()
-        arrays = unpack(tensors, fetcher)
-        seconds = time.perf_counter() - start
-        moved = sum(int(a.nbytes) for a in arrays.values())
-    else:
-        client = _client(Settings(aws_access_key_id=spec["access_key"],
-                                  aws_secret_access_key=spec["secret_key"],
-                                  s3_region=spec["region"]), spec["endpoint"])
-        kept = []
-        start = time.perf_counter()
-        for ref in refs:
-            if mode == "boto3_get":
-                body = client.get_object(Bucket=spec["bucket"], Key=ref["key"])["Body"].read()
-            else:
-                sink = io.BytesIO()
-                client.download_fileobj(spec["bucket"], ref["key"], sink)
-                body = sink.getbuffer()
-            kept.append(body)
-        seconds = time.perf_counter() - start
-        moved = sum(len(body) for body in kept)
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return {"mode": mode, "seconds": seconds, "bytes": moved,
-            "cpu_s_whole_process": round(usage.ru_utime + usage.ru_stime, 2),
-            "peak_rss_mb": round(high_water_mb(os.getpid()), 1)}
-
-
 # the benchmark --------------------------------------------------------------------------------
 def headline(runs: list[dict[str, Any]], sizes: Sequence[float]) -> dict[str, Any]:
     """The issue's keys from the runs."""
@@ -587,7 +467,7 @@ def headline(runs: list[dict[str, Any]], sizes: Sequence[float]) -> dict[str, An
         "bytes_up_per_site_round_ratio": _mean(r["bytes_up_per_site_round_ratio"]
                                                for r in plain if "model_bytes" in r),
         "trainer_download_ratio_vs_boto3": None if compared is None
-        else compared["ratio_vs_best_boto3"],
+        else compared["ratio_median_of_repeats"],
         "eight_sites_512mib_total_rss_mb": (
             eight["total_rss_mb_peak"] if eight is not None and eight["size_mib"] == 512
             and eight.get("status") == JobStatus.FINISHED_COMPLETED.value else None),
@@ -665,41 +545,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         python=platform.python_version(), cpus=os.cpu_count(),
         memory_gib=round(psutil.virtual_memory().total / 1024**3, 1),
         loadavg_1_5_15_at_start=[round(x, 2) for x in load_before],
-        loadavg_1_5_15_at_end=_load(),
+        loadavg_1_5_15_at_end=load_average(),
         command=" ".join(["bench/large_model.py", *sys.argv[1:]]))
     return results
-
-
-def download_only(args: argparse.Namespace) -> dict[str, Any]:
-    """Only the download comparison, on a model of `--download-size` MiB of random float32
-    tensors (`--tensor-mib` each) that the script stores in the S3 server it uses, read
-    through the same byte-counting proxy (with the same connection labelling) as the run's."""
-    namespace = f"bench-download-{secrets.token_hex(3)}"
-    with ExitStack() as stack:
-        settings, s3 = stack.enter_context(bench_settings(namespace))
-        upstream = urlsplit(settings.s3_endpoint_url or "")
-        proxy = stack.enter_context(CountingProxy((upstream.hostname or "127.0.0.1",
-                                                   upstream.port or 80), attribute=owner_of))
-        store = S3BlobStore.from_settings(settings)
-        stack.callback(store.close)
-        store.ensure_bucket()
-        prefix = Names(namespace).tensor_prefix("download")
-        stack.callback(store.delete_prefix, prefix)
-        tensors = max(1, round(args.download_size / args.tensor_mib))
-        length = int(args.download_size * MiB) // tensors // 4
-        rng = np.random.default_rng()
-        codec = TensorCodec(store, settings, inline_threshold=0)
-        stack.callback(codec.close)
-        refs = []
-        for index in range(tensors):  # one at a time: the script holds one tensor, not the model
-            tensor = {f"layer{index:04d}": rng.random(length, dtype=np.float32)}
-            refs += codec.pack(tensor, prefix)
-        compared = compare_downloads(settings, proxy.endpoint_url, refs, args.repeat)
-    return {"download_vs_boto3": compared, "size_mib": args.download_size,
-            "tensor_mib": args.tensor_mib, "s3": s3,
-            "s3_for_readers": "a byte-counting TCP proxy in front of it (bench/s3_proxy.py)",
-            "python": platform.python_version(), "cpus": os.cpu_count(),
-            "command": " ".join(["bench/large_model.py", *sys.argv[1:]])}
 
 
 def guarded(run_job: Any, bus: RabbitBus, state: RedisStateStore, sites: Sequence[str],
@@ -725,9 +573,6 @@ def _progress(run_result: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--probe":
-        print(json.dumps(probe(sys.argv[2], sys.argv[3])))
-        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=float, nargs="*", default=[64, 512, 2048],
                         help="model sizes in MiB, 2 sites each")
@@ -739,22 +584,13 @@ def main() -> None:
     parser.add_argument("--frozen-fraction", type=float, default=0.5)
     parser.add_argument("--eight-sites", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--eight-sites-size", type=float, default=512)
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="download comparison: best of this many runs per reader")
-    parser.add_argument("--download-only", action="store_true",
-                        help="only the download comparison, on a model the script stores "
-                             "(--download-size MiB); results to bench/results/"
-                             "large_model_download.json unless --output")
-    parser.add_argument("--download-size", type=float, default=512)
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="download comparison: how many times each reader runs")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     args.sizes = [int(s) if float(s).is_integer() else s for s in args.sizes]
     configure("bench-large-model", level="WARNING")  # logs to stderr: stdout is the JSON result
     logging.getLogger("pika").setLevel(logging.ERROR)  # messages returned while services start
-    if args.download_only:
-        write_results(download_only(args),
-                      args.output or ROOT / "bench/results/large_model_download.json")
-        return
     results = run(args)
     write_results(results, args.output or ROOT / "bench/results/large_model.json")
 

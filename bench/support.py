@@ -1,10 +1,12 @@
 """What the benchmarks share: settings pointing at an S3 server (the configured one, or a
-SeaweedFS started for the run)."""
+SeaweedFS started for the run), a plain boto3 client for it (the baseline fedhive's transfers
+are compared with), the machine's load, a process's peak RSS, writing results."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import tempfile
 from collections.abc import Iterator
@@ -45,3 +47,33 @@ def write_results(results: dict[str, Any], output: Path) -> None:
     print(text)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text + "\n")
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (recorded beside every measurement)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def high_water_mb(pid: int) -> float:
+    """The kernel's peak resident set of `pid` (VmHWM) in MiB, 0 when unreadable."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def s3_client(settings: Settings, endpoint_url: str | None = None) -> Any:
+    """A plain boto3 S3 client with `settings`' credentials, at `endpoint_url` (default: the
+    settings' S3 endpoint)."""
+    import boto3  # here: the probes that never use boto3 do not pay for importing it
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=endpoint_url or settings.s3_endpoint_url,
+                        region_name=settings.s3_region,
+                        aws_access_key_id=settings.aws_access_key_id,
+                        aws_secret_access_key=settings.aws_secret_access_key,
+                        config=Config(signature_version="s3v4",
+                                      s3={"addressing_style": "path"}))

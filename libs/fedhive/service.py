@@ -1,4 +1,5 @@
-"""What every service's `main()` shares: settings, logging, signals and a clean shutdown.
+"""What every service's `main()` shares: settings, logging, signals, a bounded heap
+(`fedhive.heap`) and a clean shutdown.
 
 A service's composition root is a `build(settings, log)` function that creates its ports and
 consumers, starts them and returns something with `close()`. `run()` calls it, then waits for
@@ -17,6 +18,7 @@ from typing import Any, NoReturn, Protocol
 
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError
+from fedhive.heap import bound_heap
 from fedhive.logging import configure
 
 
@@ -31,6 +33,7 @@ def run(
     settings: Settings | None = None,
 ) -> NoReturn:
     """Run a service until SIGTERM/SIGINT; exit 0 after a clean shutdown, 2 if it cannot start."""
+    bound_heap()  # before `build` starts any thread
     try:
         settings = settings or Settings.from_env()
         log = configure(service, level=settings.log_level, json=True)

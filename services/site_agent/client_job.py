@@ -39,8 +39,8 @@ from fedhive.config import Settings, environment_values
 from fedhive.errors import FedhiveError, Unavailable, Unroutable
 from fedhive.fl.components import ComponentError
 from fedhive.fl.executor import Executors
-from fedhive.fl.model_store import bound_heap
 from fedhive.fl.worker import Worker, WorkerConfig
+from fedhive.heap import bound_heap
 from fedhive.logging import configure
 from fedhive.names import Names
 from fedhive.proto.v1 import task_pb2
@@ -172,7 +172,7 @@ def _exit_notice(job: ClientJob, bus: RabbitBus, error: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    bound_heap()  # task messages reuse heap memory; see fedhive.fl.model_store
+    bound_heap()  # before any thread: see fedhive.heap
     abort = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: abort.set())
     args = parse_args(argv)

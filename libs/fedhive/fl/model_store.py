@@ -23,21 +23,13 @@ Arithmetic helpers (`compute_dtype`, `to_compute`, `from_compute`) define how th
 tensors: half precision (float16, bfloat16) in float32, integers and bool in float64, the rest
 in their own dtype; results go back to the tensor's dtype (bfloat16 rounded to nearest even).
 
-Memory: creating a ModelStore fixes glibc's malloc thresholds (`bound_heap`): blocks of 4 MiB
-or more (tensor buffers) get mappings of their own, returned to the system when freed, instead
-of staying in per-thread heaps (measured on the server side of a 256 MiB model in 16 tensors:
-peak growth 68 MiB with a fixed threshold, 155-203 MiB without); smaller ones (messages of a
-small model) reuse heap memory, at most 8 MiB of it kept free per heap (a 1 MiB threshold made
-every 1 MiB message fault its pages in afresh: half the server's CPU for a 1 MiB model with 8
-sites). The client job sets the same. `release_memory` (gc + malloc_trim) runs after a round
-of a large model.
+Memory: creating a ModelStore bounds glibc's heap (`fedhive.heap.bound_heap`: tensor buffers
+get mappings of their own, returned when freed); the workflows run `fedhive.heap.release_memory`
+after a round of a large model.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import gc
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -58,6 +50,7 @@ from fedhive.blobs.dtypes import (
 from fedhive.blobs.transfer import MiB, as_byte_view
 from fedhive.errors import BlobNotFound, FailedPrecondition, FedhiveError, InvalidArgument
 from fedhive.fl.dxo import DataKind, Dxo
+from fedhive.heap import bound_heap
 
 if TYPE_CHECKING:
     from fedhive.blobs import BlobStore
@@ -148,50 +141,6 @@ def from_compute(values: Array, dtype: str) -> Array:
             narrow[nans] = ((bits[nans] >> 16) | np.uint32(0x40)).astype(np.uint16)
         return narrow
     return values.astype(np.dtype(dtype).newbyteorder("<"), copy=False)
-
-
-def release_memory() -> None:
-    """Give freed memory back to the system: a garbage collection, then glibc's malloc_trim
-    (freed numpy buffers below the mmap threshold otherwise stay in the heap, counted in the
-    process's RSS). A no-op where there is no glibc."""
-    gc.collect()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
-MMAP_THRESHOLD = 4 * MiB
-TRIM_THRESHOLD = 8 * MiB
-_heap_bounded = False
-
-
-def bound_heap() -> None:
-    """Have glibc serve every allocation of `MMAP_THRESHOLD` bytes or more (tensor buffers)
-    with its own mapping, returned to the system when freed, and keep at most `TRIM_THRESHOLD`
-    free at the top of a heap. glibc's default threshold grows to the size of the largest block
-    freed (up to 32 MiB), after which tensor buffers come from per-thread heaps that keep their
-    freed memory: the server's threads would each keep a few tensors' worth. Once per process;
-    a no-op where there is no glibc."""
-    global _heap_bounded
-    if _heap_bounded or _LIBC is None:
-        return
-    _heap_bounded = True
-    _LIBC.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-    _LIBC.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-
-
-def _glibc() -> Any:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        libc.malloc_trim.argtypes = [ctypes.c_size_t]
-        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-_LIBC = _glibc()
 
 
 # -- the store ----------------------------------------------------------------------------------

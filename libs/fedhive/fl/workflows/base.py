@@ -22,11 +22,12 @@ from fedhive.fl.checkpoint import Checkpoint, checkpoint_keys, load_checkpoint, 
 from fedhive.fl.components import ComponentError
 from fedhive.fl.controller import Controller
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey
-from fedhive.fl.model_store import ModelStore, release_memory
+from fedhive.fl.model_store import ModelStore
 from fedhive.fl.persistors import ModelPersistor
 from fedhive.fl.shareables import ShareableGenerator
 from fedhive.fl.tasks import ClientTask
 from fedhive.fl.workflow import RoundReport, WorkflowContext, component
+from fedhive.heap import release_memory
 
 
 def check_int(value: Any, field: str, minimum: int = 0) -> int:

@@ -1,0 +1,216 @@
+"""deploy/compose/'s scripts run for real against local stand-ins: broker_setup.py against a
+fake RabbitMQ management API, admins_file.py, and healthcheck.py's probes against real sockets."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import json
+import os
+import pwd
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from fedhive.auth import AdminDirectory, Role
+from fedhive.brokerusers import definitions, service_permissions, site_permissions
+from fedhive_services.site_agent.config import load_site, load_site_resources
+
+from .deploy_scripts import admins_file, broker_setup, healthcheck
+
+
+class ManagementApi:
+    """Stands in for RabbitMQ's management API: records what POST /api/definitions gets."""
+
+    def __init__(self, user: str, password: str, status: int = 204) -> None:
+        self.posts: list[tuple[str, dict[str, Any]]] = []
+        auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                api.posts.append((self.path, body))
+                ok = self.headers.get("authorization") == auth
+                self.send_response(status if ok else 401)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def management() -> Iterator[ManagementApi]:
+    api = ManagementApi("admin", "admin-pw")
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def setup_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(("FEDHIVE_", "AWS_", "RABBITMQ_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("FEDHIVE_AMQP_URL", "amqp://rabbitmq:5672/%2F")
+    monkeypatch.setenv("FEDHIVE_NAMESPACE", "fh")
+    monkeypatch.setenv("RABBITMQ_USER", "admin")
+    monkeypatch.setenv("RABBITMQ_PASSWORD", "admin-pw")
+    monkeypatch.setenv("RABBITMQ_SERVICES_PASSWORD", "services-pw")
+
+
+def _setup(management: ManagementApi, root: Path) -> int:
+    me = pwd.getpwuid(os.getuid()).pw_name
+    code: int = broker_setup.main(["site-a", "site-b", "--management-url", management.url,
+                                   "--sites-root", str(root), "--owner", me, "--wait", "2"])
+    return code
+
+
+@pytest.mark.usefixtures("setup_env")
+def test_broker_setup_creates_the_users_and_writes_each_site_folder(
+        management: ManagementApi, tmp_path: Path) -> None:
+    assert _setup(management, tmp_path) == 0
+    [(path, document)] = management.posts
+    assert path == "/api/definitions"
+    assert [user["name"] for user in document["users"]] == ["fedhive-services", "site-a", "site-b"]
+    expected = definitions([], "/")
+    assert document["vhosts"] == expected["vhosts"]
+    permissions = {p["user"]: (p["configure"], p["write"], p["read"])
+                   for p in document["permissions"]}
+    for user, wanted in (("fedhive-services", service_permissions("fh")),
+                         ("site-a", site_permissions("fh", "site-a"))):
+        assert permissions[user] == (wanted.configure, wanted.write, wanted.read)
+    assert len(document["topic_permissions"]) == 4  # two exchanges per site
+    for site in ("site-a", "site-b"):
+        config = load_site(tmp_path / site)
+        load_site_resources(config)
+        params = pika.URLParameters(config.broker_url)
+        assert (config.site, config.namespace, params.host, params.port) == (site, "fh",
+                                                                            "rabbitmq", 5672)
+        assert params.credentials.username == site
+        assert ((tmp_path / site / "local" / "site.json").stat().st_mode & 0o777) == 0o600
+
+
+@pytest.mark.usefixtures("setup_env")
+def test_broker_setup_again_keeps_passwords_and_operator_fields(
+        management: ManagementApi, tmp_path: Path) -> None:
+    assert _setup(management, tmp_path) == 0
+    site_file = tmp_path / "site-a" / "local" / "site.json"
+    edited = {**json.loads(site_file.read_text()), "heartbeat_interval_s": 2, "org": "Org A"}
+    site_file.write_text(json.dumps(edited))
+    assert _setup(management, tmp_path) == 0
+    assert json.loads(site_file.read_text()) == edited  # the same broker URL, fields kept
+    password = pika.URLParameters(edited["broker_url"]).credentials.password
+    for _, document in management.posts:  # the broker got that password both times
+        [user] = [user for user in document["users"] if user["name"] == "site-a"]
+        salted = base64.b64decode(user["password_hash"])
+        assert salted[4:] == hashlib.sha256(salted[:4] + password.encode()).digest()
+
+
+@pytest.mark.usefixtures("setup_env")
+def test_broker_setup_refuses_a_wrong_admin_and_an_unsafe_password(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    wrong = ManagementApi("admin", "other")
+    try:
+        assert _setup(wrong, tmp_path) == 2
+    finally:
+        wrong.close()
+    assert "refused RABBITMQ_USER 'admin' (HTTP 401)" in capsys.readouterr().err
+    assert not (tmp_path / "site-a").exists()
+    monkeypatch.setenv("RABBITMQ_SERVICES_PASSWORD", "a@b")
+    right = ManagementApi("admin", "admin-pw")
+    try:
+        assert _setup(right, tmp_path) == 2
+    finally:
+        right.close()
+    assert "RABBITMQ_SERVICES_PASSWORD must be URL-safe" in capsys.readouterr().err
+    assert right.posts == []
+    monkeypatch.setenv("RABBITMQ_SERVICES_PASSWORD", "services-pw")
+    assert broker_setup.main(["server", "--management-url", "http://127.0.0.1:1",
+                              "--sites-root", str(tmp_path)]) == 2
+    assert "site 'server': 'server' is reserved" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("setup_env")
+def test_broker_setup_gives_up_when_the_management_api_never_answers(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = broker_setup.main(["site-a", "--management-url", f"http://127.0.0.1:{unused_port()}",
+                              "--sites-root", str(tmp_path), "--wait", "1"])
+    assert code == 2
+    assert "did not answer within 1 s" in capsys.readouterr().err
+
+
+def test_the_admins_file_lets_in_exactly_the_token(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    token = "fh_" + "t" * 43
+    out = tmp_path / "etc" / "admins.json"
+    monkeypatch.setenv("FEDHIVE_TOKEN", token)
+    assert admins_file.main([str(out), "--name", "admin@x", "--org", "x"]) == 0
+    admin = AdminDirectory.load(out).authenticate(token)
+    assert (admin.name, admin.org, admin.role) == ("admin@x", "x", Role.PROJECT_ADMIN)
+    assert token not in out.read_text() and out.stat().st_mode & 0o777 == 0o600
+    monkeypatch.setenv("FEDHIVE_TOKEN", "short")
+    assert admins_file.main([str(out), "--name", "admin@x", "--org", "x"]) == 2
+
+
+def unused_port() -> int:
+    """A loopback port nothing listens on (bound once, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    yield server
+    server.close()
+
+
+def test_the_connection_probe_sees_established_connections_only(
+        listener: socket.socket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    port = listener.getsockname()[1]
+    monkeypatch.setenv("FEDHIVE_AMQP_URL", f"amqp://u:p@localhost:{port}/%2F")
+    monkeypatch.setenv("FEDHIVE_REDIS_URL", f"redis://127.0.0.1:{unused_port()}/0")
+    assert healthcheck.main(["connected", "amqp"]) == 1
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    try:
+        assert healthcheck.established_to("localhost", port)
+        assert healthcheck.main(["connected", "amqp"]) == 0
+        assert healthcheck.main(["connected", "amqp", "redis"]) == 1  # nothing on Redis's port
+        site_dir = tmp_path / "site"
+        (site_dir / "local").mkdir(parents=True)
+        (site_dir / "local" / "site.json").write_text(json.dumps(
+            {"site": "s1", "broker_url": f"amqp://s1:pw@127.0.0.1:{port}/%2F"}))
+        assert healthcheck.main(["site", "--site-dir", str(site_dir)]) == 0
+        assert healthcheck.main(["site", "--site-dir", str(tmp_path / "no-site")]) == 1
+    finally:
+        client.close()
+        accepted.close()
+    assert not healthcheck.established_to("127.0.0.1", port)
+
+
+def test_the_gateway_probe_says_unhealthy_when_nothing_serves(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    address = f"127.0.0.1:{unused_port()}"
+    assert healthcheck.main(["gateway", address]) == 1
+    assert f"unhealthy: gateway at {address} not SERVING" in capsys.readouterr().err

@@ -11,201 +11,42 @@ Redis credentials. Its `ClientAPIExecutor` launches tests/integration/client_api
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
-import subprocess
-import sys
-import uuid
-from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
-import pika
 import pytest
-import structlog
 import torch
 
 from fedhive.blobs import (
     BlobLocation,
-    BlobStore,
     PresignedFetcher,
     PresignedUploader,
-    TensorCodec,
     TensorKind,
     TensorRef,
     content_key,
     ref_to_proto,
 )
 from fedhive.blobs.checksum import digest
-from fedhive.bus import RabbitBus
 from fedhive.config import Settings
 from fedhive.errors import BlobAccessDenied, PermissionDenied
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey
-from fedhive.fl.task_manager import TaskManager
-from fedhive.fl.task_server import TaskServer
 from fedhive.fl.tasks import CompletionStatus, ReturnCode, Task
-from fedhive.fl.workflow import WorkflowContext
-from fedhive.names import Names
 from fedhive.proto.v1 import common_pb2, task_pb2
+from tests.fixtures.client_api import Harness, MiB
+from tests.fixtures.client_api import harness as harness
 from tests.fixtures.infra import RUN_ID, wait_for
-from tests.integration.test_fl_transport import Job, client_job
-from tests.integration.test_fl_transport import site_settings as site_settings
-
-KiB, MiB = 1024, 1024 * 1024
-THRESHOLD = 64 * KiB  # arrays above it go through S3 both ways
-TRAINER = Path(__file__).with_name("client_api_trainer.py")
-EXECUTOR = "fedhive.fl.client_api_executor.ClientAPIExecutor"
-FILTERS = '''
-from fedhive.blobs import TensorRef
-import numpy as np
-
-class Stamp:
-    """Counts its calls; before upload it adds them as an array (it only ever sees arrays)."""
-
-    def __init__(self):
-        self.calls = {"in": 0, "out": 0}
-
-    def process(self, params, direction):
-        refs = [name for name, value in params.items() if isinstance(value, TensorRef)]
-        assert not refs, f"filter got refs: {refs}"
-        self.calls[direction] += 1
-        if direction == "out":
-            params = {**params, "filter_calls": np.array([self.calls["in"], self.calls["out"]])}
-        return params
-'''
+from tests.fixtures.task_transport import THRESHOLD, KiB
+from tests.fixtures.task_transport import site_settings as site_settings
 
 
 @pytest.fixture(scope="module")
 def namespace() -> str:
     return f"t{RUN_ID}-fca"
-
-
-class CountingStore:
-    """The SJ's store, counting the calls the task server makes (grants, completions)."""
-
-    def __init__(self, store: BlobStore) -> None:
-        self._store = store
-        self.calls: Counter[str] = Counter()
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._store, name)
-        if not callable(attr):
-            return attr
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.calls[name] += 1
-            return attr(*args, **kwargs)
-
-        return counted
-
-
-@dataclass
-class ClientJobRun:
-    proc: subprocess.Popen[bytes]
-    probe: Path
-    log: Path
-    app: Path
-    stopped: bool = False
-
-    def records(self, what: str) -> list[dict[str, Any]]:
-        if not self.probe.exists():
-            return []
-        lines = self.probe.read_text().splitlines()
-        return [entry for entry in map(json.loads, lines) if entry["what"] == what]
-
-    def frames(self, direction: str, kind: str) -> list[dict[str, Any]]:
-        return [f for f in self.records("frame") if (f["direction"], f["kind"]) == (direction,
-                                                                                  kind)]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-
-@dataclass
-class Harness:
-    job: Job
-    store: CountingStore
-    settings: Settings
-    tmp: Path
-    runs: list[ClientJobRun] = field(default_factory=list)
-
-    def start_client_job(self, letter: str = "a", **executor_args: Any) -> ClientJobRun:
-        args = {"command": "python -m fh_trainer", "filters": [{"path": "fh_filters.Stamp"}],
-                **executor_args}
-        config = {"executors": [{"tasks": ["train"],
-                                 "executor": {"path": EXECUTOR, "args": args}}]}
-        home = self.tmp / f"cj-{letter}-{len(self.runs)}"
-        _, argv, env, app = client_job(self.job, home, letter, config)
-        (app / "custom").mkdir()
-        shutil.copy(TRAINER, app / "custom" / "fh_trainer.py")
-        (app / "custom" / "fh_filters.py").write_text(FILTERS)
-        env["FEDHIVE_INLINE_THRESHOLD"] = str(THRESHOLD)
-        probe = home / "probe.jsonl"
-        argv = [sys.executable, "-m", "tests.integration.client_api_probe", str(probe), "--",
-                *argv[3:]]
-        log = home / "cj.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(argv, cwd=app, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        run = ClientJobRun(proc, probe, log, app)
-        self.runs.append(run)
-        return run
-
-    def run_task(self, data: dict[str, Any], meta: dict[str, Any] | None = None,
-                 letter: str = "a", timeout: float = 120) -> Task:
-        task = Task("train", Dxo(DataKind.WEIGHTS, data, {"behaviour": "double", **(meta or {})}))
-        self.job.tasks.send(task, [self.job.site(letter)])
-        try:
-            self.job.finish(task, timeout)
-        except AssertionError:
-            for run in self.runs:
-                print(f"--- {run.log}\n{run.log.read_text()[-6000:]}")
-            raise
-        return task
-
-
-@pytest.fixture
-def harness(settings: Settings, site_settings: dict[str, Settings],
-            blob_store: BlobStore, make_bus: Callable[..., RabbitBus], namespace: str,
-            tmp_path: Path) -> Iterator[Callable[..., Harness]]:
-    made: list[Harness] = []
-    codecs: list[TensorCodec] = []
-
-    def make(**server_options: Any) -> Harness:
-        job_id = f"{namespace}-{uuid.uuid4().hex[:8]}"
-        sites = [f"{namespace}-a", f"{namespace}-b"]
-        log = structlog.get_logger().bind(job_id=job_id)
-        store = CountingStore(blob_store)
-        codec = TensorCodec(blob_store, settings, inline_threshold=THRESHOLD)
-        codecs.append(codec)
-        ctx = WorkflowContext(job_id=job_id, sites=sites, workspace=tmp_path, log=log,
-                              tasks=TaskManager(sites, log=log), store=store,  # type: ignore
-                              codec=codec, names=Names(namespace))
-        server = TaskServer(ctx, service_user=pika.URLParameters(settings.amqp_url)
-                            .credentials.username, **server_options)
-        queue = Names(namespace).job_server_queue(job_id)
-        server.serve(make_bus(name="server-job"), queue, handlers=8)
-        harness = Harness(Job(ctx, server, queue, blob_store, site_settings, tmp_path), store,
-                          settings, tmp_path)
-        made.append(harness)
-        return harness
-
-    yield make
-    for harness in made:
-        for run in harness.runs:
-            run.stop()
-        for bus in harness.job.buses:
-            bus.close()
-    for codec in codecs:
-        codec.close()
 
 
 def raw(value: Any) -> bytes:

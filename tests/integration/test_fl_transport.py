@@ -3,7 +3,8 @@
 The server side is the real `TaskServer` + `TaskManager` serving a job queue as the services'
 broker user; each site is a real `Worker` loop on a thread of its own, connected as the site's
 OWN broker user (deploy/broker_users.py) and holding no S3 credentials: it reads task data
-through presigned URLs and uploads large results through the server's grants.
+through presigned URLs and uploads large results through the server's grants
+(tests/fixtures/task_transport.py).
 """
 
 from __future__ import annotations
@@ -11,40 +12,29 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pika
 import pytest
-import structlog
 
-from fedhive.blobs import BlobStore, TensorCodec, TensorKind, TensorRef, content_key, ref_to_proto
+from fedhive.blobs import TensorKind, TensorRef, content_key, ref_to_proto
 from fedhive.bus import Encoded, RabbitBus
-from fedhive.config import Settings
 from fedhive.errors import InvalidArgument, PermissionDenied
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey
 from fedhive.fl.executor import ExecTask, Executors
-from fedhive.fl.task_manager import TaskManager
 from fedhive.fl.task_server import TaskServer
 from fedhive.fl.tasks import CompletionStatus, ReturnCode, Task
-from fedhive.fl.worker import Worker, WorkerConfig
-from fedhive.fl.workflow import WorkflowContext
-from fedhive.names import Names
 from fedhive.proto.v1 import runner_pb2, site_pb2, task_pb2
-from tests.fixtures.bus import Broker
 from tests.fixtures.infra import RUN_ID, wait_for
-from tests.fixtures.site_agent import agent_env, write_site
-from tests.fixtures.sites import CTL, collect, load_broker_users, with_user
+from tests.fixtures.sites import collect
+from tests.fixtures.task_transport import Job, client_job
+from tests.fixtures.task_transport import job as job
+from tests.fixtures.task_transport import site_settings as site_settings
 
-KiB = 1024
-THRESHOLD = 64 * KiB  # arrays above it go through S3 both ways
 SEEN: dict[tuple[str, str], dict[str, Any]] = {}  # (job, site) -> the arrays a site loaded
 _A = task_pb2.TaskAssignment
 
@@ -85,92 +75,6 @@ def executors(**by_task: str) -> Executors:
 def namespace() -> str:
     """One namespace and one set of broker users for the module: creating users takes seconds."""
     return f"t{RUN_ID}-flt"
-
-
-@pytest.fixture(scope="module")
-def site_settings(amqp_url: str, namespace: str) -> Iterator[dict[str, Settings]]:
-    """Sites a and b of the jobs, and c (a site, but of no job here): broker identity only."""
-    broker_users = load_broker_users()
-    users = broker_users.plan(namespace, [f"{namespace}-{s}" for s in "abc"], None)
-    broker_users.create_users(users, pika.URLParameters(amqp_url).virtual_host, CTL)
-    yield {u.name.rsplit("-", 1)[1]: Settings(
-        amqp_url=with_user(amqp_url, u.name, u.password), namespace=namespace)
-        for u in users}
-    broker_users.delete_users([u.name for u in users], CTL)
-    Broker(amqp_url, namespace).delete_all()
-
-
-@dataclass
-class Job:
-    ctx: WorkflowContext
-    server: TaskServer
-    queue: str
-    store: BlobStore
-    site_settings: dict[str, Settings]
-    tmp: Path
-    buses: list[RabbitBus] = field(default_factory=list)
-    workers: dict[str, tuple[Worker, threading.Thread]] = field(default_factory=dict)
-
-    @property
-    def tasks(self) -> TaskManager:
-        assert self.ctx.tasks is not None
-        return self.ctx.tasks
-
-    def site(self, letter: str) -> str:
-        return f"{self.ctx.sites[0].rsplit('-', 1)[0]}-{letter}"
-
-    def bus(self, letter: str, *, sign: bool = True) -> RabbitBus:
-        bus = RabbitBus(self.site_settings[letter], name=f"site-{letter}", sign=sign)
-        self.buses.append(bus)
-        return bus
-
-    def start_worker(self, letter: str, table: Executors) -> Worker:
-        config = WorkerConfig(job_id=self.ctx.job_id, site=self.site(letter),
-                              server_queue=self.queue, workspace=self.tmp,
-                              inline_threshold=THRESHOLD, wait_ms=2000)
-        worker = Worker(self.bus(letter), table, config, abort=threading.Event(),
-                        log=structlog.get_logger().bind(site=config.site))
-        thread = threading.Thread(target=worker.run, name=f"worker-{letter}", daemon=True)
-        thread.start()
-        self.workers[letter] = (worker, thread)
-        return worker
-
-    def finish(self, task: Task, timeout: float = 30) -> None:
-        gave_up = threading.Event()
-        timer = threading.Timer(timeout, gave_up.set)
-        timer.start()
-        try:
-            self.tasks.wait(task, gave_up)
-        finally:
-            timer.cancel()
-        assert not gave_up.is_set(), f"task {task.name} did not complete within {timeout}s"
-
-    def call(self, letter: str, request: Any, reply_type: Any) -> Any:
-        return self.bus(letter).call(self.queue, request, reply_type, timeout=20)
-
-
-@pytest.fixture
-def job(settings: Settings, site_settings: dict[str, Settings], blob_store: BlobStore,
-        make_bus: Callable[..., RabbitBus], namespace: str, tmp_path: Path) -> Iterator[Job]:
-    job_id = f"{namespace}-{uuid.uuid4().hex[:8]}"
-    sites = [f"{namespace}-a", f"{namespace}-b"]
-    log = structlog.get_logger().bind(job_id=job_id)
-    codec = TensorCodec(blob_store, settings, inline_threshold=THRESHOLD)
-    ctx = WorkflowContext(job_id=job_id, sites=sites, workspace=tmp_path, log=log,
-                          tasks=TaskManager(sites, log=log), store=blob_store, codec=codec,
-                          names=Names(namespace))
-    server = TaskServer(ctx, service_user=pika.URLParameters(settings.amqp_url).credentials
-                        .username)
-    queue = Names(namespace).job_server_queue(job_id)
-    server.serve(make_bus(name="server-job"), queue, handlers=8)
-    harness = Job(ctx, server, queue, blob_store, site_settings, tmp_path)
-    yield harness
-    for worker, thread in harness.workers.values():
-        worker.abort.set()
-        thread.join(timeout=15)
-    for bus in harness.buses:
-        bus.close()
-    codec.close()
 
 
 def test_broadcast_round_trip_inline_and_through_s3(job: Job) -> None:
@@ -390,22 +294,6 @@ def test_a_site_speaks_only_for_itself(job: Job, make_bus: Callable[..., RabbitB
     wait_for(lambda: job.ctx.gone_sites(), timeout=10, what="the runner's SiteGone")
     assert job.ctx.gone_sites() == {b: "site went offline"}
     assert job.tasks.active_sites() == [a]
-
-
-def client_job(job: Job, tmp_path: Path, letter: str, client_config: dict[str, Any],
-               ) -> tuple[Path, list[str], dict[str, str], Path]:
-    """What the site agent would run: (site dir, argv, environment without any S3 or Redis
-    credentials, the app folder to run in)."""
-    site_dir = write_site(tmp_path / "site", site=job.site(letter),
-                          namespace=job.ctx.sites[0].rsplit("-", 1)[0],
-                          broker_url=job.site_settings[letter].amqp_url)
-    app = tmp_path / "app"
-    (app / "config").mkdir(parents=True)
-    (app / "config" / "config_fed_client.json").write_text(json.dumps(client_config))
-    argv = [sys.executable, "-m", "fedhive_services.site_agent.client_job", "--site-dir",
-            str(site_dir), "--job-id", job.ctx.job_id, "--server-queue", job.queue]
-    env = {k: v for k, v in agent_env().items() if not k.startswith(("AWS_", "FEDHIVE_"))}
-    return site_dir, argv, env, app
 
 
 def test_a_client_job_with_a_bad_executor_config_leaves_the_job(job: Job, tmp_path: Path,

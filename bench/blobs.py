@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.fixtures.infra (the SeaweedFS launcher)
 
 import numpy as np  # noqa: E402
-from support import BUCKET, bench_settings, high_water_mb, s3_client, write_results  # noqa: E402  (bench/support.py, beside this script)
+from support import BUCKET, bench_settings, high_water_mb, load_average, s3_client, write_results  # noqa: E402  (bench/support.py, beside this script)
 
 from fedhive.blobs import (  # noqa: E402
     PresignedFetcher,
@@ -191,7 +191,7 @@ def main() -> None:
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
-            "loadavg_1_5_15_at_end": [round(x, 2) for x in os.getloadavg()],
+            "loadavg_1_5_15_at_end": load_average(),
         },
         "cases": cases,
     }

@@ -39,7 +39,7 @@ import pika  # noqa: E402
 import pika.exceptions  # noqa: E402
 import psutil  # noqa: E402
 import redis  # noqa: E402
-from support import write_results  # noqa: E402  (bench/support.py, beside this script)
+from support import load_average, write_results  # noqa: E402  (bench/support.py, beside this script)
 
 from fedhive.bus.publisher import properties  # noqa: E402
 from fedhive.config import Settings  # noqa: E402
@@ -160,10 +160,10 @@ def run(args: argparse.Namespace, bench: Bench) -> dict[str, Any]:
     warm = warm_rounds * args.sites
     bench.publish(steady[:warm], rate)
     cpu0, wall0 = sum(process.cpu_times()[:2]), time.monotonic()
-    load_before = os.getloadavg()
+    load_before = load_average()
     bench.publish(steady[warm:], rate)
     cpu1, wall1 = sum(process.cpu_times()[:2]), time.monotonic()
-    load_after = os.getloadavg()
+    load_after = load_average()
     last = [start_ms + (rounds - 1) * interval_ms + i for i in range(args.sites)]
     deadline = time.monotonic() + 30
     while (stored := bench.stored(args.sites, last)) < args.sites and time.monotonic() < deadline:
@@ -203,8 +203,8 @@ def run(args: argparse.Namespace, bench: Bench) -> dict[str, Any]:
         "max_heartbeats_per_s": round(total / drained, 1) if drained > 0 else None,
         "burst_messages": total,
         "burst_drain_s": round(drained, 3),
-        "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in load_after],
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
         "cpu_count": os.cpu_count(),
         "publisher": "one connection, user tagged impersonator, user_id = site (checked by the "
                      "intake as in production), confirms on",

@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.fixtures (the service launchers, SeaweedFS)
 
-from support import bench_settings, write_results  # noqa: E402  (bench/support.py, beside this script)
+from support import bench_settings, load_average, write_results  # noqa: E402  (bench/support.py, beside this script)
 
 from fedhive.blobs import S3BlobStore  # noqa: E402
 from fedhive.config import Settings  # noqa: E402
@@ -134,7 +134,7 @@ def run(repeat: int, jobs: int) -> dict[str, Any]:
             clean_namespace(settings)
     results.update(jobs_in_store=jobs, repeat=repeat, s3=s3, python=platform.python_version(),
                    cpus=os.cpu_count(), machine=platform.machine(),
-                   loadavg_1_5_15_at_end=[round(x, 2) for x in os.getloadavg()])
+                   loadavg_1_5_15_at_end=load_average())
     return results
 
 

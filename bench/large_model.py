@@ -327,7 +327,7 @@ def _mean(values: Any) -> float | None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     namespace = f"bench-large-{secrets.token_hex(3)}"
     runs: list[dict[str, Any]] = []
-    load_before = os.getloadavg()
+    load_before = load_average()
     with ExitStack() as stack:
         settings, s3 = stack.enter_context(bench_settings(namespace))
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedhive-large-")))
@@ -371,7 +371,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         s3_for_sites="a byte-counting TCP proxy in front of it (bench/s3_proxy.py)",
         python=platform.python_version(), cpus=os.cpu_count(),
         memory_gib=round(psutil.virtual_memory().total / 1024**3, 1),
-        loadavg_1_5_15_at_start=[round(x, 2) for x in load_before],
+        loadavg_1_5_15_at_start=load_before,
         loadavg_1_5_15_at_end=load_average(),
         command=" ".join(["bench/large_model.py", *sys.argv[1:]]))
     return results

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.fixtures (the service launchers, SeaweedFS)
 
 from scheduling import running_services, submit, wait_final  # noqa: E402  (beside this script)
-from support import bench_settings, write_results  # noqa: E402
+from support import bench_settings, load_average, write_results  # noqa: E402
 
 from fedhive.blobs import S3BlobStore  # noqa: E402
 from fedhive.jobs.status import JobStatus  # noqa: E402
@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=ROOT / "bench/results/rounds.json")
     args = parser.parse_args()
     configure("bench-rounds", level="WARNING")  # logs to stderr: stdout is the JSON result
-    load_before = os.getloadavg()
+    load_before = load_average()
     results: dict[str, Any] = {}
     for count in args.sites:
         measured = run_sites(count, args.rounds)
@@ -141,8 +141,8 @@ def main() -> None:
         results[f"details_{count}_sites"] = measured
     results.update(goal_round_overhead_ms=100, rounds=args.rounds, model_mib=1,
                    python=platform.python_version(), cpus=os.cpu_count(),
-                   loadavg_1_5_15_at_start=[round(x, 2) for x in load_before],
-                   loadavg_1_5_15_at_end=[round(x, 2) for x in os.getloadavg()],
+                   loadavg_1_5_15_at_start=load_before,
+                   loadavg_1_5_15_at_end=load_average(),
                    command=" ".join(["bench/rounds.py", *sys.argv[1:]]))
     write_results(results, args.output)
 

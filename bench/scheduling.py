@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.fixtures (the service launchers, SeaweedFS)
 
 import pika  # noqa: E402
-from support import bench_settings, write_results  # noqa: E402  (bench/support.py, beside this script)
+from support import bench_settings, load_average, write_results  # noqa: E402  (bench/support.py, beside this script)
 
 from fedhive.blobs import S3BlobStore  # noqa: E402
 from fedhive.bus import RabbitBus  # noqa: E402
@@ -174,7 +174,7 @@ def run(sequential: int, jobs: int, max_jobs: int) -> dict[str, Any]:
     with bench_settings(namespace) as (settings, s3), tempfile.TemporaryDirectory() as tmp:
         names = Names(namespace)
         blobs = S3BlobStore.from_settings(settings)
-        load_before = os.getloadavg()
+        load_before = load_average()
         try:
             with running_services(settings, Path(tmp), sites, max_jobs) as (bus, state):
                 wait_final(state, [submit(bus, names, stage(blobs, names, archive))], 60)
@@ -206,8 +206,8 @@ def run(sequential: int, jobs: int, max_jobs: int) -> dict[str, Any]:
     results.update(goals={"submit_to_running_median_ms": 500, "jobs100_total_s": 60},
                    sequential_jobs=sequential, jobs=jobs, max_jobs=max_jobs, s3=s3,
                    python=platform.python_version(), cpus=os.cpu_count(),
-                   loadavg_1_5_15_at_start=[round(x, 2) for x in load_before],
-                   loadavg_1_5_15_at_end=[round(x, 2) for x in os.getloadavg()],
+                   loadavg_1_5_15_at_start=load_before,
+                   loadavg_1_5_15_at_end=load_average(),
                    command=" ".join(["bench/scheduling.py", *sys.argv[1:]]))
     return results
 

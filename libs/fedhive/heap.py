@@ -25,7 +25,8 @@ import ctypes.util
 import gc
 from typing import Any
 
-MiB = 1024 * 1024
+from fedhive.config import MiB
+
 MMAP_THRESHOLD = 4 * MiB
 TRIM_THRESHOLD = 8 * MiB
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters

@@ -2,7 +2,7 @@
 
 `compare_downloads` reads a list of stored tensors three ways, each in a fresh process through
 the given endpoint: fedhive's presigned-URL reader (`fedhive.blobs.unpack` with a
-`PresignedFetcher`, what a trainer runs: parallel ranged GETs, every byte's sha256 checked),
+`PresignedFetcher`, what a trainer runs: parallel ranged GETs, every byte's BLAKE3 checked),
 boto3 `get_object().read()` and boto3 `download_fileobj` (neither checks anything). The readers
 alternate, `repeat` times. Per repetition, fedhive's rate over the faster boto3 reader's of the
 same repetition; the headline is the median of those ratios (`ratio_median_of_repeats`): the

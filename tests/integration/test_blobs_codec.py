@@ -300,10 +300,10 @@ def test_keys_carry_the_content_hash(small_codec: TensorCodec, tensor_prefix: st
     model = {f"t{i}": random_numpy("float32", (30, 40), i) for i in range(3)}
     refs = small_codec.pack(model, tensor_prefix)
     for ref in refs:
-        digest = ref.checksum.removeprefix("sha256:")
-        assert ref.checksum == f"sha256:{digest}" and len(digest) == 64
+        digest = ref.checksum.removeprefix("blake3:")
+        assert ref.checksum == f"blake3:{digest}" and len(digest) == 64
         assert ref.key == content_key(tensor_prefix, ref.checksum)
-        assert ref.key == f"{tensor_prefix}sha256/{digest}"
+        assert ref.key == f"{tensor_prefix}blake3/{digest}"
     assert len({ref.key for ref in refs}) == 3
 
 

@@ -130,7 +130,7 @@ def test_broadcast_round_trip_inline_and_through_s3(job: Job) -> None:
         job_id=job.ctx.job_id, site=job.site("a"), checksums=[big.checksum]),
         task_pb2.UploadGrant)
     assert [(t.key, t.present, t.url) for t in grant.targets] == [(big.key, True, "")]
-    with pytest.raises(InvalidArgument, match="is not 'sha256:<64 hex digits>'"):
+    with pytest.raises(InvalidArgument, match="is not 'blake3:<64 hex digits>'"):
         job.call("a", task_pb2.GrantUploadRequest(job_id=job.ctx.job_id, site=job.site("a"),
                                                   checksums=["md5:abc"]), task_pb2.UploadGrant)
 

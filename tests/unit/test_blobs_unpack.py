@@ -29,9 +29,9 @@ class MemoryFetcher:
             offset += len(dest)
 
 
-def ref_for(name: str, array: np.ndarray, key: str) -> TensorRef:
+def ref_for(name: str, array: np.ndarray, key: str, algorithm: str = "blake3") -> TensorRef:
     return TensorRef(name=name, dtype=str(array.dtype), shape=array.shape, kind=TensorKind.NUMPY,
-                     key=key, url="", length=array.nbytes, checksum=digest(array))
+                     key=key, url="", length=array.nbytes, checksum=digest(array, algorithm))
 
 
 def test_large_and_small_tensors_arrive_bit_exact_and_writable() -> None:
@@ -75,3 +75,17 @@ def test_a_cached_large_tensor_is_reused_and_refetched_once_changed() -> None:
     fresh = unpack([ref_for("w", large, "k/w")], fetcher, cache=cache)["w"]
     assert np.array_equal(fresh, large) and not np.shares_memory(fresh, again)
     assert cache.bytes_stale == large.nbytes
+
+
+def test_checksums_are_blake3_and_an_old_checkpoints_sha256_refs_still_verify() -> None:
+    assert digest(b"abc") == (  # BLAKE3's published test vector for "abc"
+        "blake3:6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85")
+    large = np.arange(5 * MiB // 4, dtype=np.float32)
+    old = ref_for("w", large, "k/sha256/w", algorithm="sha256")
+    assert old.checksum.startswith("sha256:")
+    got = unpack([old], MemoryFetcher({"k/sha256/w": large.tobytes()}))["w"]
+    assert np.array_equal(got, large)
+    stored = bytearray(large.tobytes())
+    stored[0] ^= 1
+    with pytest.raises(ChecksumMismatch, match="tensor 'w'"):
+        unpack([old], MemoryFetcher({"k/sha256/w": bytes(stored)}))

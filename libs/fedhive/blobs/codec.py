@@ -10,15 +10,15 @@
   -> the bytes travel inside the ref. A pack inlines at most `inline_budget` bytes in total
   (default 8x the threshold) so a model of many small arrays cannot swell one broker message
   past the broker's limit; the rest are stored. Empty arrays are always inline.
-* stored: one object per distinct content, at `content_key(prefix, sha256)` =
-  `{prefix}sha256/<hex>`. An object that exists already (HEAD, with the right size) is not
+* stored: one object per distinct content, at `content_key(prefix, checksum)` =
+  `{prefix}blake3/<hex>`. An object that exists already (HEAD, with the right size) is not
   uploaded again, and a key is never given other bytes: a ref can never see a mix of rounds,
   and a tensor that did not change between rounds (frozen layers) is uploaded once per job and
   recognised by a trainer's `TensorCache`. (Content addressing per tensor is also why there
   are no shard objects packing several tensors together: a shard's key would depend on all of
   its members, so one changed tensor would re-upload all of them.)
 
-Every ref carries the sha256 of the array's bytes (see `checksum`) and a presigned GET URL
+Every ref carries the BLAKE3 checksum of the array's bytes (see `checksum`) and a presigned GET URL
 valid for `url_ttl` seconds. The key depends on the hash, so hashing runs ahead of uploading:
 the calling thread hashes tensor i+1 while tensor i uploads (hashlib releases the GIL).
 Objects of at least `large_object` bytes upload one at a time, their parts in parallel (the

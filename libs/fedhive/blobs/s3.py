@@ -5,8 +5,9 @@ reset, 5xx, throttling) goes through the one policy, `fedhive.retry.Backoff`, pe
 part, one range), not per whole transfer.
 
 Checksums: botocore's CRC32 request/response checksums are off ("when_required"). Tensor
-bytes carry a sha256 verified end to end by the codec (S3's whole-object checksums cannot cover
-a ranged read anyway), and on plain-HTTP endpoints SigV4 still hashes each payload.
+bytes carry a BLAKE3 checksum verified end to end by the codec (S3's whole-object checksums
+cannot cover a ranged read anyway), and on plain-HTTP endpoints SigV4 still hashes each
+payload.
 
 Presigned URLs are signed for `Settings.s3_public_endpoint_url` when it is set (sites reach S3
 at another address than the services do): a second client, used only to sign (signing is local,

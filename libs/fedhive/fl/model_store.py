@@ -5,7 +5,7 @@ holds a whole model, only the few tensors it is working on:
 
     models = ModelStore.of(ctx)
     writer = models.writer()                # one model's inline budget
-    ref = writer.put("w", array)            # stored at {prefix}sha256/<hex> (once), or inline
+    ref = writer.put("w", array)            # stored at {prefix}blake3/<hex> (once), or inline
     array = models.fetch(ref)               # checksum verified; numpy, bfloat16 as its bits
     model = models.pack(items)              # (name, array) pairs -> a lazy Dxo, one at a time
     model = models.as_refs(model)           # arrays packed, this job's refs kept, another
@@ -13,7 +13,7 @@ holds a whole model, only the few tensors it is working on:
     models.track(result)                    # objects a round made or received
     models.collect([model], protect=keys)   # delete the tracked objects nothing needs now
 
-Objects: a stored tensor lives at `content_key(tensor prefix, sha256)`, is never overwritten
+Objects: a stored tensor lives at `content_key(tensor prefix, checksum)`, is never overwritten
 with other bytes and is shared by every ref to the same content (a frozen layer is one object
 for the whole job). So deleting is by reference: `collect` deletes the tracked keys that no live
 model and no protected set (the job's checkpoint) names, and only keys under this job's tensor

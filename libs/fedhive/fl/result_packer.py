@@ -7,8 +7,8 @@ through its client job's pipe). What differs is only the `UploadChannel`.
 Small arrays travel inline in the result (each up to `inline_threshold` bytes, at most
 `inline_budget` bytes in all, so a model of many small arrays cannot swell one message past
 the broker's limit). The others are uploaded: the sender asks the server job for upload grants
-(each array's sha256 and size), uploads each array the server does not have yet to the
-content key `{job tensor prefix}sha256/<hex>` (a presigned PUT, or presigned multipart parts in
+(each array's BLAKE3 checksum and size), uploads each array the server does not have yet to the
+content key `{job tensor prefix}blake3/<hex>` (a presigned PUT, or presigned multipart parts in
 parallel for a large array, then `complete`), and sends refs to those keys. An unchanged array
 (a frozen layer) is already there: nothing is uploaded.
 
@@ -19,7 +19,6 @@ downloaded and sent like an array.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -29,13 +28,12 @@ import numpy as np
 
 from fedhive.blobs import RangeFetcher, TensorKind, TensorRef, checksum, inline_budget_for, unpack
 from fedhive.blobs.dtypes import ByteArray, is_torch_tensor, numpy_to_bytes, torch_to_bytes
+from fedhive.blobs.keys import CONTENT_KEY_TAIL
 from fedhive.blobs.port import MultipartGrant, PresignedUrl
 from fedhive.blobs.transfer import as_byte_view
 from fedhive.errors import InvalidArgument
 from fedhive.fl.dxo import Dxo, dxo_to_proto
 from fedhive.proto.v1 import task_pb2
-
-_CONTENT_KEY = re.compile(r"(?:^|/)sha256/([0-9a-f]{64})$")
 
 
 class UploadChannel(Protocol):
@@ -70,8 +68,8 @@ class _Array:
 
 def is_content_ref(ref: TensorRef) -> bool:
     """A ref to the whole object at the content key of its own checksum."""
-    match = _CONTENT_KEY.search(ref.key)
-    return bool(match and ref.offset == 0 and ref.checksum == f"sha256:{match.group(1)}")
+    match = CONTENT_KEY_TAIL.search(ref.key)
+    return bool(match and ref.offset == 0 and ref.checksum == ":".join(match.groups()))
 
 
 class ResultPacker:

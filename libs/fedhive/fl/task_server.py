@@ -19,7 +19,7 @@ Messages (`Names.job_server_queue(job_id)`, see proto/fedhive/v1/task.proto):
   ref): a result whose object is missing fails that site's task with a reason naming the job,
   site, round and tensor (the bytes' checksum is verified whenever the SJ reads them).
 * `GrantUploadRequest` (RPC, site): upload targets for the content keys
-  `{tensor prefix}sha256/<hex>` of the given checksums; `present` for objects already stored.
+  `{tensor prefix}blake3/<hex>` of the given checksums; `present` for objects already stored.
   With `sizes`, an array larger than `upload_part_size` gets a multipart grant (upload id, one
   presigned PUT per part), which the site completes with `CompleteUploadRequest`; smaller ones a
   presigned PUT. Unfinished multipart uploads of a task are aborted when the site's result for

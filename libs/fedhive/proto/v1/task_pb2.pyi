@@ -240,7 +240,7 @@ Global___TaskResultReply: _TypeAlias = TaskResultReply  # noqa: Y015
 @_typing.final
 class GrantUploadRequest(_message.Message):
     """CJ -> SJ RPC: where to upload result arrays too large to travel inline. Objects are
-    content-addressed (`{job tensor prefix}sha256/<hex>`), so one already there is not sent again.
+    content-addressed (`{job tensor prefix}blake3/<hex>`), so one already there is not sent again.
     A CJ running a trainer (fedhive.client) relays the trainer's request as its own.
     """
 
@@ -256,7 +256,7 @@ class GrantUploadRequest(_message.Message):
     task_id: _builtins.str
     @_builtins.property
     def checksums(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """"sha256:<hex>" of each array's bytes"""
+        """"blake3:<hex>" of each array's bytes"""
 
     @_builtins.property
     def sizes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:

@@ -20,7 +20,7 @@
 
 Every ref carries the BLAKE3 checksum of the array's bytes (see `checksum`) and a presigned GET URL
 valid for `url_ttl` seconds. The key depends on the hash, so hashing runs ahead of uploading:
-the calling thread hashes tensor i+1 while tensor i uploads (hashlib releases the GIL).
+the calling thread hashes tensor i+1 while tensor i uploads (the hasher releases the GIL).
 Objects of at least `large_object` bytes upload one at a time, their parts in parallel (the
 store's multipart upload); smaller ones `workers` at a time. A failed pack deletes nothing:
 its objects may already be shared with other refs; they go with the job's tensor prefix.

@@ -22,6 +22,7 @@ from fedhive.errors import InvalidArgument
 
 DEFAULT_ALGORITHM = "blake3"
 _HASHERS: dict[str, Callable[[], Any]] = {"blake3": blake3, "sha256": hashlib.sha256}
+ALGORITHMS = tuple(_HASHERS)
 
 
 def digest(data: Any, algorithm: str = DEFAULT_ALGORITHM) -> str:

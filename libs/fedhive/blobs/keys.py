@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import re
 
+from fedhive.blobs.checksum import ALGORITHMS
 from fedhive.errors import InvalidArgument
 
-_CHECKSUM = re.compile(r"^(blake3|sha256):([0-9a-f]{64})$")
+_ALGORITHM = "|".join(ALGORITHMS)
+_CHECKSUM = re.compile(rf"^({_ALGORITHM}):([0-9a-f]{{64}})$")
 # a content key's last two parts, as `content_key` writes them
-CONTENT_KEY_TAIL = re.compile(r"(?:^|/)(blake3|sha256)/([0-9a-f]{64})$")
+CONTENT_KEY_TAIL = re.compile(rf"(?:^|/)({_ALGORITHM})/([0-9a-f]{{64}})$")
 
 
 def content_key(prefix: str, checksum: str) -> str:

@@ -12,6 +12,7 @@ import pwd
 import socket
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -125,19 +126,13 @@ def test_broker_setup_again_keeps_passwords_and_operator_fields(
 def test_broker_setup_refuses_a_wrong_admin_and_an_unsafe_password(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    wrong = ManagementApi("admin", "other")
-    try:
+    with closing(ManagementApi("admin", "other")) as wrong:
         assert _setup(wrong, tmp_path) == 2
-    finally:
-        wrong.close()
     assert "refused RABBITMQ_USER 'admin' (HTTP 401)" in capsys.readouterr().err
     assert not (tmp_path / "site-a").exists()
     monkeypatch.setenv("RABBITMQ_SERVICES_PASSWORD", "a@b")
-    right = ManagementApi("admin", "admin-pw")
-    try:
+    with closing(ManagementApi("admin", "admin-pw")) as right:
         assert _setup(right, tmp_path) == 2
-    finally:
-        right.close()
     assert "RABBITMQ_SERVICES_PASSWORD must be URL-safe" in capsys.readouterr().err
     assert right.posts == []
     monkeypatch.setenv("RABBITMQ_SERVICES_PASSWORD", "services-pw")

@@ -114,9 +114,16 @@ def test_broadcast_waits_wait_time_after_min_received(tm: TaskManager, clock: Cl
     assert late.reason == "late result: task 'train' already finished (ok)"
 
 
-def test_broadcast_ends_when_all_answered_before_wait_time(tm: TaskManager) -> None:
+@pytest.mark.parametrize("options", [
+    # every target answered before the wait after the minimum ran out
+    {"min_responses": 1, "wait_time_after_min_received": 100},
+    # more than the targets (ScatterAndGather's default min_clients): waits for all of them
+    {"min_responses": 1000},
+], ids=["all-answered-before-wait-time", "min-above-snapshot-size"])
+def test_broadcast_ends_once_every_target_answered(tm: TaskManager,
+                                                   options: dict[str, int]) -> None:
     task = make_task()
-    tm.broadcast(task, min_responses=1, wait_time_after_min_received=100)
+    tm.broadcast(task, **options)
     cts = [take(tm, site) for site in SITES]
     for ct in cts[:2]:
         answer(tm, ct)
@@ -133,17 +140,6 @@ def test_broadcast_min_zero_means_every_target(tm: TaskManager, clock: Clock) ->
     answer(tm, cts[1])
     clock.now = 1000
     assert tm.check() == []
-    answer(tm, cts[2])
-    assert task.completion_status is CompletionStatus.OK
-
-
-def test_min_responses_above_the_snapshot_size_waits_for_all(tm: TaskManager) -> None:
-    task = make_task()
-    tm.broadcast(task, min_responses=1000)  # ScatterAndGather's default min_clients
-    cts = [take(tm, site) for site in SITES]
-    for ct in cts[:2]:
-        answer(tm, ct)
-    assert task.completion_status is None
     answer(tm, cts[2])
     assert task.completion_status is CompletionStatus.OK
 

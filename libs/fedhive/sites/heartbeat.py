@@ -22,10 +22,15 @@ class SiteHeartbeat:
 
 @dataclass(frozen=True)
 class JobHeartbeat:
-    """Sent by a client job so a long training step is never taken for a dead site."""
+    """Sent by a client job so a long training step is never taken for a dead site; with
+    `ended`, its site agent's notice that the client job's process is over (`exit_code`: the
+    exit code, or -N for signal N; `reason`: why, one line)."""
 
     job_id: str
     site: str
     sent_at_ms: int = 0
     current_task: str = ""
     progress: float = 0.0
+    ended: bool = False
+    exit_code: int = 0
+    reason: str = ""

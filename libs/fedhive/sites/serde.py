@@ -66,6 +66,9 @@ def job_heartbeat_to_proto(beat: JobHeartbeat) -> site_pb2.JobHeartbeat:
         current_task=beat.current_task,
         progress=beat.progress,
         sent_at_ms=beat.sent_at_ms,
+        ended=beat.ended,
+        exit_code=beat.exit_code,
+        reason=beat.reason,
     )
 
 
@@ -76,4 +79,7 @@ def job_heartbeat_from_proto(message: site_pb2.JobHeartbeat) -> JobHeartbeat:
         sent_at_ms=message.sent_at_ms,
         current_task=message.current_task,
         progress=message.progress,
+        ended=message.ended,
+        exit_code=message.exit_code,
+        reason=message.reason,
     )

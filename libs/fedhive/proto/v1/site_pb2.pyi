@@ -71,11 +71,22 @@ class JobHeartbeat(_message.Message):
     CURRENT_TASK_FIELD_NUMBER: _builtins.int
     PROGRESS_FIELD_NUMBER: _builtins.int
     SENT_AT_MS_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     site: _builtins.str
     current_task: _builtins.str
     progress: _builtins.float
     sent_at_ms: _builtins.int
+    ended: _builtins.bool
+    """The client job's last word, published by its site agent when the process ended (or was
+    found gone when the agent restarted): the job-runner acts on it at once.
+    """
+    exit_code: _builtins.int
+    """when ended: the exit code, or -N for signal N"""
+    reason: _builtins.str
+    """when ended: why, one line (the client job's last error)"""
     def __init__(
         self,
         *,
@@ -84,10 +95,13 @@ class JobHeartbeat(_message.Message):
         current_task: _builtins.str = ...,
         progress: _builtins.float = ...,
         sent_at_ms: _builtins.int = ...,
+        ended: _builtins.bool = ...,
+        exit_code: _builtins.int = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_task", b"current_task", "job_id", b"job_id", "progress", b"progress", "sent_at_ms", b"sent_at_ms", "site", b"site"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_task", b"current_task", "ended", b"ended", "exit_code", b"exit_code", "job_id", b"job_id", "progress", b"progress", "reason", b"reason", "sent_at_ms", b"sent_at_ms", "site", b"site"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -5,6 +5,10 @@ one that does not answer is started, bound to 127.0.0.1 (installed first with ap
 missing on a Debian/Ubuntu machine and this runs as root); anything else that cannot be done
 ends with one line naming the package and the command that fixes it. Remote ones are only
 checked.
+
+A Redis started here is durable: append-only file, fsync every second, in `redis_dir(port)`
+(`~/.fedhive/redis/PORT`). A Redis that runs already is left as it is, but one that keeps
+nothing on disk is named in a warning line: its restart would lose every job record.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ from fedhive.config import Settings, child_environment
 from fedhive.errors import PocFailed
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+# Where a Redis that fedhive starts keeps its data, log and pid file: one folder per user and
+# port, the same for every `fedhive poc start --dir` and for deploy/local/ensure-infra.sh, so
+# whichever starts it next reloads the job records the last one kept.
+REDIS_DATA = Path("~/.fedhive/redis")
 Say = Callable[[str], None]
 
 
@@ -90,6 +98,51 @@ def ensure(settings: Settings, say: Say, started: list[str]) -> None:
         # the port answers before the node accepts users and permissions
         _run(["rabbitmqctl", "await_startup", "--timeout", "60"], 90,
              "see RabbitMQ's log (/var/log/rabbitmq), or start it yourself")
+    if "redis" not in started:  # the operator's own: told, never reconfigured behind their back
+        warning = persistence_warning(settings.redis_url)
+        if warning is not None:
+            say(warning)
+
+
+def redis_dir(port: int) -> Path:
+    return (REDIS_DATA / str(port)).expanduser()
+
+
+def redis_argv(port: int, data: Path) -> list[str]:
+    """How fedhive starts Redis: on loopback, every write in the append-only file, fsynced every
+    second (a crash of Redis loses nothing, one of the machine at most the last second). No RDB
+    snapshots: the AOF alone restores everything (its rewrites are compacted with an RDB
+    preamble), and snapshots would add forks and a second copy for nothing."""
+    return ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", str(port),
+            "--dir", str(data), "--appendonly", "yes", "--appendfsync", "everysec",
+            "--save", "", "--logfile", str(data / "redis.log"),
+            "--pidfile", str(data / "redis.pid")]
+
+
+def persistence_warning(url: str) -> str | None:
+    """One line when the Redis at `url` keeps nothing on disk (no AOF, no RDB save schedule);
+    None when it does, or when it cannot tell (managed Redis such as ElastiCache refuses
+    CONFIG; it keeps data by replicas and snapshots)."""
+    import redis
+
+    client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=3,
+                                  socket_connect_timeout=3)
+    try:
+        appendonly = client.config_get("appendonly").get("appendonly")
+        save = client.config_get("save").get("save")
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+    if appendonly != "no" or save != "":
+        return None
+    parts = urlsplit(url)
+    where = (parts.path if parts.scheme == "unix"
+             else f"{parts.hostname or '127.0.0.1'}:{parts.port or 6379}")
+    return (f"warning: the Redis at {where} (FEDHIVE_REDIS_URL) keeps nothing on disk "
+            "(appendonly no, no save schedule): a Redis restart would lose every job record; "
+            "turn its AOF on (redis-cli CONFIG SET appendonly yes, and `appendonly yes`, "
+            "`appendfsync everysec` in its redis.conf)")
 
 
 def _install(service: Service, say: Say) -> None:
@@ -140,28 +193,48 @@ def _last_line(done: subprocess.CompletedProcess[str]) -> str:
 
 def _start(service: Service) -> None:
     if service.key == "redis":
-        argv = ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port",
-                str(service.port), "--save", "", "--appendonly", "no"]
+        argv = redis_argv(service.port, _redis_data(service))
         env = child_environment()
     else:
         argv = ["rabbitmq-server", "-detached"]
         env = child_environment({"RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
                                  "ERL_EPMD_ADDRESS": "127.0.0.1",
                                  "RABBITMQ_NODE_PORT": str(service.port)})
-    fix = f"start it yourself, e.g. `sudo {' '.join(argv[:2])}`, {_or_elsewhere(service)}"
+    fix = f"start it yourself, e.g. {_yourself(service)}, {_or_elsewhere(service)}"
     done = _run(argv, 60, fix, env=env, start_new_session=True)
     if done.returncode != 0:
         raise PocFailed(f"{service.title} did not start ({' '.join(argv[:2])}: "
                         f"{_last_line(done)}): {fix}")
 
 
+def _yourself(service: Service) -> str:
+    if service.key == "redis":
+        return "`redis-server --daemonize yes --appendonly yes --appendfsync everysec`"
+    return "`sudo rabbitmq-server -detached`"
+
+
+def _redis_data(service: Service) -> Path:
+    """The data folder of a Redis fedhive starts, made (private: it holds job records)."""
+    data = redis_dir(service.port)
+    fix = f"make it writable by this user, or start Redis yourself, e.g. {_yourself(service)}"
+    try:
+        data.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as err:
+        raise PocFailed(f"cannot make Redis's data folder {data} ({err.strerror}): "
+                        f"{fix}") from None
+    if not os.access(data, os.W_OK | os.X_OK):
+        raise PocFailed(f"Redis's data folder {data} is not writable: {fix}")
+    return data
+
+
 def _wait(service: Service, seconds: float) -> None:
+    log = redis_dir(service.port) / "redis.log" if service.key == "redis" else "its log"
     deadline = time.monotonic() + seconds
     while not answers(service.host, service.port):
         if time.monotonic() > deadline:
             raise PocFailed(f"{service.title} did not answer on 127.0.0.1:{service.port} within "
-                            f"{seconds:.0f} s of starting: see its log, or start it yourself "
-                            f"(`sudo {service.binary}`)")
+                            f"{seconds:.0f} s of starting: see {log}, or start it yourself, "
+                            f"e.g. {_yourself(service)}")
         time.sleep(0.2)
 
 

@@ -8,6 +8,10 @@ a `FedhiveError`; the servicer (servicer.py) translates errors to gRPC once.
 
 Authorisation: `fedhive.auth.decide` on the action and, for job actions, the job's submitter
 (read from the job-store first). Every decision is logged with user, action and job.
+
+Request fields are held to `fedhive.jobs.limits` before anything is staged or forwarded, and a
+submit that ends in any error deletes its staged upload (the job-store deletes it too when it
+refuses; this covers the job-store not answering).
 """
 
 from __future__ import annotations
@@ -26,6 +30,14 @@ from fedhive.blobs import BlobStore
 from fedhive.bus import Bus
 from fedhive.errors import InvalidArgument, NotFound, Unavailable
 from fedhive.jobs.archive import MiB
+from fedhive.jobs.limits import (
+    MAX_FILTER,
+    MAX_JOB_ID,
+    MAX_REASON,
+    check_list_limit,
+    check_submission_id,
+    check_text,
+)
 from fedhive.jobs.serde import status_from_proto, submitter_from_proto, submitter_to_proto
 from fedhive.names import Names
 from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2
@@ -102,24 +114,36 @@ class Gateway:
             submission_id=options.submission_id, queue_anyway=options.queue_anyway,
         )
         # The job-store deletes the staged archive once it has stored or refused it.
-        reply = self._call(request, admin_pb2.SubmitJobReply, self._config.submit_timeout)
+        try:
+            reply = self._call(request, admin_pb2.SubmitJobReply, self._config.submit_timeout)
+        except BaseException:
+            self._drop_staged(key)
+            raise
         self._log.info("job.submitted", user=admin.name, job_id=reply.job_id,
                        existed=reply.existed, bytes=sum(len(p) for p in parts),
                        receive_ms=_ms(received - started), stage_ms=_ms(staged - received),
                        store_ms=_ms(time.monotonic() - staged))
         return reply
 
+    def _drop_staged(self, key: str) -> None:
+        """Best effort: the caller must hear the submit's error, not a failing cleanup."""
+        try:
+            self._blobs.delete(key)
+        except Exception as err:
+            self._log.warning("job.staging_not_deleted", key=key, error=repr(err))
+
     def _receive(self, chunks: Iterable[admin_pb2.SubmitJobChunk]
                  ) -> tuple[admin_pb2.SubmitJobChunk, list[bytes]]:
-        """The first chunk (it carries the options) and the archive's parts, size-checked as
-        they arrive so an oversized upload is refused before it is all received."""
+        """The first chunk (it carries the options, checked first) and the archive's parts,
+        size-checked as they arrive so an oversized upload is refused before it is all
+        received."""
         limit = self._config.max_archive_bytes
         options: admin_pb2.SubmitJobChunk | None = None
         parts: list[bytes] = []
         total = 0
         for chunk in chunks:
             if options is None:
-                options = chunk
+                options = _check_options(chunk)
             total += len(chunk.data)
             if total > limit:
                 raise InvalidArgument(
@@ -134,9 +158,9 @@ class Gateway:
     def list_jobs(self, admin: Admin, request: admin_pb2.ListJobsRequest
                   ) -> admin_pb2.ListJobsReply:
         self._authorize(admin, Action.LIST)
-        if request.limit < 0:
-            raise InvalidArgument(f"limit must not be negative, got {request.limit}",
-                                  field="limit")
+        check_list_limit(request.limit)
+        for field in ("name", "submitter", "id_prefix"):
+            check_text(getattr(request, field), field, MAX_FILTER)
         return self._call(request, admin_pb2.ListJobsReply)
 
     def get_job(self, admin: Admin, job_id: str) -> job_pb2.JobRecord:
@@ -177,6 +201,7 @@ class Gateway:
         return reply
 
     def abort_job(self, admin: Admin, request: admin_pb2.AbortJobRequest) -> job_pb2.JobRecord:
+        check_text(request.reason, "reason", MAX_REASON)
         job = self._job_for(admin, Action.ABORT, request.job_id)
         reason = request.reason or f"aborted by {admin.name}"
         record = self._call(admin_pb2.AbortJobRequest(job_id=job.job_id, reason=reason),
@@ -225,10 +250,16 @@ class Gateway:
         return self._call(admin_pb2.ListSitesRequest(), admin_pb2.ListSitesReply)
 
 
+def _check_options(first: admin_pb2.SubmitJobChunk) -> admin_pb2.SubmitJobChunk:
+    """The submit options (on the first chunk), checked before the rest is read."""
+    check_submission_id(first.submission_id)
+    return first
+
+
 def _job_id(job_id: str) -> str:
     if not job_id.strip():
         raise InvalidArgument("job_id is required", field="job_id")
-    return job_id.strip()
+    return check_text(job_id.strip(), "job_id", MAX_JOB_ID)
 
 
 def _ms(seconds: float) -> float:

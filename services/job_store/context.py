@@ -7,6 +7,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from google.protobuf.message import DecodeError, EncodeError
+
 from fedhive.blobs import BlobStore
 from fedhive.errors import NotFound
 from fedhive.jobs import events
@@ -15,6 +17,13 @@ from fedhive.jobs.record import JobRecord
 from fedhive.names import Names
 from fedhive.proto.v1 import admin_pb2, job_pb2
 from fedhive.state import StateStore
+
+# What a handler raises for an input it cannot handle (a value out of range for its wire type,
+# nesting past the interpreter's limit, ...): retrying cannot help, so the request is answered
+# with an error at once instead of being redelivered until it is dead-lettered.
+DATA_ERRORS: tuple[type[Exception], ...] = (
+    ValueError, TypeError, RecursionError, EncodeError, DecodeError,
+)
 
 
 class RunnerCaller(Protocol):

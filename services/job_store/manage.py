@@ -14,12 +14,13 @@ from fedhive.errors import (
     Unavailable,
     Unroutable,
 )
+from fedhive.jobs.limits import MAX_REASON, check_text
 from fedhive.jobs.record import JobRecord
-from fedhive.jobs.serde import record_to_proto
 from fedhive.jobs.status import JobStatus
 from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2
 
 from .context import JobStoreContext, publish_status
+from .replies import record_reply
 
 log = structlog.get_logger()
 
@@ -91,6 +92,7 @@ def abort_job(
     forwarded as a dispatched job. A redelivered abort of a job it already aborted re-publishes
     the event and answers the record.
     """
+    check_text(request.reason, "reason", MAX_REASON)
     record = ctx.state.get_job(request.job_id)
     if record.status == JobStatus.SUBMITTED:
         reason = request.reason.strip() or f"Aborted the job {record.job_id} before running it."
@@ -103,10 +105,10 @@ def abort_job(
         else:
             publish_status(ctx, record)
             log.info("job.aborted", service="job-store", job_id=record.job_id, reason=reason)
-            return record_to_proto(record)
+            return record_reply(record)
     if record.status == JobStatus.FINISHED_ABORTED and delivery.redelivered:
         publish_status(ctx, record)
-        return record_to_proto(record)
+        return record_reply(record)
     if record.status.is_final:
         raise FailedPrecondition(
             f"job {record.job_id} is already done ({record.status.value}): nothing changed",

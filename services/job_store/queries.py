@@ -6,18 +6,18 @@ from dataclasses import dataclass
 
 from fedhive.bus import Delivery
 from fedhive.errors import InvalidArgument
+from fedhive.jobs.limits import DEFAULT_LIST_LIMIT, MAX_FILTER, check_list_limit, check_text
 from fedhive.jobs.metrics import round_from_dict, round_to_proto
 from fedhive.jobs.record import JobRecord
-from fedhive.jobs.serde import record_to_proto, status_from_proto
+from fedhive.jobs.serde import status_from_proto
 from fedhive.jobs.status import JobStatus
 from fedhive.proto.v1 import admin_pb2, job_pb2, site_pb2
 from fedhive.sites.serde import site_heartbeat_to_proto
 from fedhive.state import JobStore
 
 from .context import JobStoreContext
+from .replies import list_reply, record_reply
 
-DEFAULT_LIMIT = 100
-MAX_LIMIT = 10_000
 BATCH = 200  # job ids read from the index, and records fetched, per round trip
 
 
@@ -48,19 +48,14 @@ def job_filter(request: admin_pb2.ListJobsRequest) -> JobFilter:
         statuses.add(status)
     return JobFilter(
         statuses=frozenset(statuses),
-        name=request.name.lower(),
-        submitter=request.submitter,
-        id_prefix=request.id_prefix.lower(),
+        name=check_text(request.name, "name", MAX_FILTER).lower(),
+        submitter=check_text(request.submitter, "submitter", MAX_FILTER),
+        id_prefix=check_text(request.id_prefix, "id_prefix", MAX_FILTER).lower(),
     )
 
 
 def page_size(limit: int) -> int:
-    if limit < 0 or limit > MAX_LIMIT:
-        raise InvalidArgument(
-            f"limit {limit} must be between 0 (the default, {DEFAULT_LIMIT}) and {MAX_LIMIT}",
-            field="limit",
-        )
-    return limit or DEFAULT_LIMIT
+    return check_list_limit(limit) or DEFAULT_LIST_LIMIT
 
 
 def find_jobs(state: JobStore, wanted: JobFilter, limit: int) -> list[JobRecord]:
@@ -89,13 +84,13 @@ def list_jobs(
     request: admin_pb2.ListJobsRequest, delivery: Delivery, ctx: JobStoreContext
 ) -> admin_pb2.ListJobsReply:
     records = find_jobs(ctx.state, job_filter(request), page_size(request.limit))
-    return admin_pb2.ListJobsReply(jobs=[record_to_proto(r) for r in records])
+    return list_reply(records)
 
 
 def get_job(
     request: admin_pb2.GetJobRequest, delivery: Delivery, ctx: JobStoreContext
 ) -> job_pb2.JobRecord:
-    return record_to_proto(ctx.state.get_job(request.job_id))
+    return record_reply(ctx.state.get_job(request.job_id))
 
 
 def get_job_metrics(

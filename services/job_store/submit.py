@@ -3,13 +3,13 @@
 All are idempotent under redelivery: the new job's id is derived from the bus message id
 (`job_id_for`), and each step is safe to repeat (putting the same bytes at the same key,
 creating a record that may already exist, publishing an event with a fixed message id). A
-crash between any two steps is finished by the redelivery; a refusal stores nothing.
+crash between any two steps is finished by the redelivery. A refusal (any `FedhiveError`, or an
+input the code cannot handle) stores nothing and deletes the staged upload.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import replace
 
 import structlog
@@ -19,63 +19,82 @@ from fedhive.errors import (
     AlreadyExists,
     BlobNotFound,
     FailedPrecondition,
+    FedhiveError,
     InvalidArgument,
     NotFound,
 )
 from fedhive.jobs.archive import UnsafeArchive
 from fedhive.jobs.definition import load_job
+from fedhive.jobs.limits import check_submission_id
 from fedhive.jobs.record import JobMeta, JobRecord, Submitter
 from fedhive.jobs.serde import submitter_from_proto
 from fedhive.jobs.status import JobStatus
 from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2
 from fedhive.scheduling.feasibility import never_runnable
+from fedhive.text import clip
 
-from .context import JobStoreContext, find_job, job_id_for, publish_status
+from .context import DATA_ERRORS, JobStoreContext, find_job, job_id_for, publish_status
 
 log = structlog.get_logger()
 
 SUBMISSION_SCOPE = "job-store.submission"
 SUBMISSION_TTL_S = 30 * 24 * 3600.0  # how long a submission id keeps answering its job
-SUBMISSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")  # FLARE's submit-token pattern
+# What ends a request for good (answered with an error, never redelivered)
+REFUSED: tuple[type[Exception], ...] = (FedhiveError, *DATA_ERRORS)
 
 
 def submit_job(
     cmd: jobstore_pb2.StoreSubmitJob, delivery: Delivery, ctx: JobStoreContext
 ) -> admin_pb2.SubmitJobReply:
-    staging = _staging_key(cmd.staging_key, ctx)
-    submitter = _submitter(cmd.submitter)
+    staging = _staging_key(cmd.staging_key, ctx)  # a key outside staging is never deleted
     job_id = job_id_for(ctx.names.ns, delivery.message_id)
-    bound = log.bind(service="job-store", job_id=job_id, submitter=submitter.name)
-    done = find_job(ctx, job_id)
-    if done is not None:  # a redelivery after the record was stored: finish the rest
-        _finish(ctx, done, staging)
-        bound.info("job.submit_finished_on_redelivery")
-        return admin_pb2.SubmitJobReply(job_id=job_id)
+    bound = log.bind(service="job-store", job_id=job_id, submitter=cmd.submitter.name)
     try:
-        if cmd.submission_id and not SUBMISSION_ID.match(cmd.submission_id):
-            raise InvalidArgument(
-                f"submission id {cmd.submission_id!r} must be 1-128 characters of A-Z, a-z, "
-                "0-9, '.', '_', ':' or '-'",
-                field="submission_id",
-            )
+        submitter = _submitter(cmd.submitter)
+        done = find_job(ctx, job_id)
+        if done is not None:  # a redelivery after the record was stored: finish the rest
+            _finish(ctx, done, staging)
+            bound.info("job.submit_finished_on_redelivery")
+            return admin_pb2.SubmitJobReply(job_id=job_id)
+        submission_id = check_submission_id(cmd.submission_id)
         definition = load_job(_read_staged(ctx, staging), ctx.limits)
         if not cmd.queue_anyway:
             _refuse_never_runnable(ctx, definition.meta)
         archive = definition.to_zip()
         assert archive is not None  # to_zip() without a target returns the bytes
-        if cmd.submission_id:
-            earlier = _earlier_job(ctx, submitter, cmd.submission_id, archive, job_id)
-            if earlier is not None:
-                ctx.blobs.delete(staging)
-                bound.info("job.submit_repeated", existing=earlier)
-                return admin_pb2.SubmitJobReply(job_id=earlier, existed=True)
-    except (InvalidArgument, AlreadyExists):  # Violations/UnsafeArchive are InvalidArgument
-        ctx.blobs.delete(staging)
+        # The definition goes first: a repeated submit can then tell a first submit still in
+        # progress (its definition is there) from a deleted job (gone).
+        key = _put_definition(ctx, job_id, archive)
+        earlier = _earlier_job(ctx, submitter, submission_id, archive, job_id) \
+            if submission_id else None
+        if earlier is None:
+            record = _create(ctx, job_id, definition.meta, submitter, key)
+        else:
+            ctx.blobs.delete(key)
+            record = find_job(ctx, earlier) or _create(
+                ctx, earlier, definition.meta, submitter, ctx.names.job_definition_key(earlier)
+            )
+    except REFUSED:
+        _discard(ctx, staging, job_id)
         raise
-    record = _store(ctx, job_id, definition.meta, submitter, archive)
     _finish(ctx, record, staging)
+    if earlier is not None:
+        bound.info("job.submit_repeated", existing=earlier)
+        return admin_pb2.SubmitJobReply(job_id=earlier, existed=True)
     bound.info("job.submitted", name=record.meta.name)
     return admin_pb2.SubmitJobReply(job_id=job_id)
+
+
+def _discard(ctx: JobStoreContext, staging: str, job_id: str) -> None:
+    """After a refusal: the staged upload and, unless `job_id` has a record, its definition.
+    Best effort: the refusal is what the caller must hear, not a failing cleanup."""
+    try:
+        ctx.blobs.delete(staging)
+        if find_job(ctx, job_id) is None:
+            ctx.blobs.delete(ctx.names.job_definition_key(job_id))
+    except Exception as err:  # the refusal is still answered; the leftover is logged
+        log.warning("job_store.cleanup_failed", service="job-store", job_id=job_id,
+                    staging=staging, error=repr(err))
 
 
 def clone_job(
@@ -161,7 +180,7 @@ def _staging_key(key: str, ctx: JobStoreContext) -> str:
     prefix = ctx.names.staging_key("")[: -len(".zip")]
     if not key.startswith(prefix) or ".." in key or len(key) <= len(prefix):
         raise InvalidArgument(
-            f"staging key {key!r} is not under {prefix!r}", field="staging_key"
+            f"staging key {clip(key)} is not under {prefix!r}", field="staging_key"
         )
     return key
 
@@ -193,7 +212,10 @@ def _earlier_job(
     """The job an earlier request with this submission id made (None: this request's own).
 
     The first request to remember `<digest> <job_id>` for the id wins; the normalised archive's
-    SHA-256 decides whether a later request carries the same content.
+    SHA-256 decides whether a later request carries the same content. An earlier job whose
+    definition is stored but whose record is not (its request is still in progress, or died
+    after storing the definition) is returned too: the caller finishes it, as the first
+    request would (both create the same record; the second finds it there).
     """
     digest = hashlib.sha256(archive).hexdigest()
     kept = ctx.state.remember(
@@ -209,23 +231,38 @@ def _earlier_job(
             f"(job {kept_job}); use a new submission id for a new job",
             field="submission_id",
         )
-    if find_job(ctx, kept_job) is None:
+    if find_job(ctx, kept_job) is None and not ctx.blobs.exists(
+        ctx.names.job_definition_key(kept_job)
+    ):
         raise NotFound(
-            f"submission id {submission_id!r} belongs to job {kept_job}, which is not stored: "
-            "it was deleted, or its first submit is still in progress",
+            f"submission id {submission_id!r} belongs to job {kept_job}, which was deleted; "
+            "use a new submission id",
             field="submission_id",
         )
     return kept_job
+
+
+def _put_definition(ctx: JobStoreContext, job_id: str, archive: bytes) -> str:
+    key = ctx.names.job_definition_key(job_id)
+    ctx.blobs.put(key, archive)
+    return key
 
 
 def _store(
     ctx: JobStoreContext, job_id: str, meta: JobMeta, submitter: Submitter, archive: bytes,
     *, resumed_from: str = "",
 ) -> JobRecord:
-    """Put the definition, then create the record; a record already there (a concurrent
-    redelivery got here first) is taken as it is."""
-    key = ctx.names.job_definition_key(job_id)
-    ctx.blobs.put(key, archive)
+    """Put the definition, then create the record."""
+    key = _put_definition(ctx, job_id, archive)
+    return _create(ctx, job_id, meta, submitter, key, resumed_from=resumed_from)
+
+
+def _create(
+    ctx: JobStoreContext, job_id: str, meta: JobMeta, submitter: Submitter, key: str,
+    *, resumed_from: str = "",
+) -> JobRecord:
+    """The SUBMITTED record of a stored definition; a record already there (a concurrent
+    redelivery or repeated submit got here first) is taken as it is."""
     reason = f"resumed from job {resumed_from}" if resumed_from else "submitted"
     try:
         return ctx.state.create_job(job_id, meta, submitter, archive_key=key, reason=reason,

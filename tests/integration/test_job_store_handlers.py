@@ -158,8 +158,9 @@ def test_submission_id_of_a_deleted_job_is_refused(store: Store) -> None:
     first = store.submit(job_zip("a"), submission_id="run-1")
     store.move_to(first.job_id, S.FINISHED_ABORTED)
     store.call(admin_pb2.DeleteJobRequest(job_id=first.job_id))
-    with pytest.raises(NotFound, match=f"belongs to job {first.job_id}, which is not stored"):
+    with pytest.raises(NotFound, match=f"belongs to job {first.job_id}, which was deleted"):
         store.submit(job_zip("a"), submission_id="run-1")
+    assert store.objects(f"{store.names.ns}/") == []  # the refused upload left nothing
 
 
 # list, get --------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from fedhive.cli.connection import GatewayTarget, load_config_file
 from fedhive.cli.render import iso, job_json, jobs_table, print_job, site_json, sites_table
 from fedhive.errors import ConfigError, FedhiveError
 from fedhive.jobs.archive import Violations
+from fedhive.jobs.limits import MAX_LIST_LIMIT
 from fedhive.jobs.status import JobStatus
 from fedhive.sdk import Session
 
@@ -84,7 +85,8 @@ def submit(
     ctx: typer.Context,
     path: Annotated[Path, typer.Argument(help="A job folder, job zip or single app folder.")],
     submission_id: Annotated[str, typer.Option(
-        help="Client-chosen id: resubmitting the same content with it returns the same job."
+        help="Client-chosen id: resubmitting the same content with it returns the same job. "
+        "Default: a new one (a uuid), which the retries after a lost connection reuse."
     )] = "",
     queue_anyway: Annotated[bool, typer.Option(
         help="Queue the job even if no registered site could run it now."
@@ -95,8 +97,9 @@ def submit(
     with _session(ctx) as session:
         result = session.submit(path, submission_id=submission_id, queue_anyway=queue_anyway)
     if as_json:
-        _print_json({"id": result.job_id, "existed": result.existed})
-    elif result.existed:
+        _print_json({"id": result.job_id, "existed": result.existed,
+                     "submission_id": result.submission_id})
+    elif result.existed and submission_id:  # without one, only our own retry found it
         typer.echo(f"Already submitted as job: {result.job_id}")
     else:
         typer.echo(f"Submitted job: {result.job_id}")
@@ -111,7 +114,8 @@ def jobs(
     user: Annotated[str, typer.Option("--user", "-u", help="Only jobs this user submitted.")] = "",
     id_prefix: Annotated[str, typer.Option("--id", help="Only jobs whose id starts so.")] = "",
     limit: Annotated[int, typer.Option(
-        "-n", "--limit", min=0, help="At most this many (newest first); 0: the gateway's page."
+        "-n", "--limit", min=0, max=MAX_LIST_LIMIT,
+        help="At most this many (newest first); 0: the gateway's page.",
     )] = 0,
     as_json: JsonOpt = False,
 ) -> None:

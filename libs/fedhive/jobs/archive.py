@@ -25,8 +25,10 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from fedhive.errors import InvalidArgument
+from fedhive.text import clip
 
 MiB = 1024 * 1024
+MAX_VIOLATIONS = 50  # lines one error lists; the rest are counted
 _CHUNK = 1 * MiB
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # zip's epoch: no timestamps leak into the content hash
 _SAMPLE = 64 * 1024  # members at least this big are stored as is when a sample of this
@@ -55,13 +57,18 @@ STORED = ArchiveLimits(max_ratio=float("inf"))
 
 
 class Violations(InvalidArgument):
-    """An input with one or more problems, all of them listed.
+    """An input with one or more problems, all of them listed (up to MAX_VIOLATIONS).
 
     `violations` holds one line per problem; `str(err)` is those lines joined by "; " so the
     whole list survives transports that carry a single message. `field` is the first problem's.
+    Past MAX_VIOLATIONS the last line counts the problems left out, so no input makes the
+    message unbounded.
     """
 
     def __init__(self, violations: list[str], *, field: str | None = None) -> None:
+        if len(violations) > MAX_VIOLATIONS:
+            more = len(violations) - MAX_VIOLATIONS + 1
+            violations = [*violations[:MAX_VIOLATIONS - 1], f"... and {more} more problems"]
         super().__init__("; ".join(violations), field=field)
         self.violations = list(violations)
 
@@ -141,7 +148,7 @@ def inspect_zip(
                     f"above the limit of {limits.max_ratio:.0f}"
                 )
         if problem is not None:
-            problems.append(f"member {info.filename!r}: {problem}")
+            problems.append(f"member {clip(info.filename)}: {problem}")
             continue
         seen.add(name)
         members.append(ArchiveMember(name, 0 if info.is_dir() else info.file_size, info.is_dir()))
@@ -169,7 +176,8 @@ def _file_folder_clashes(members: list[ArchiveMember]) -> list[str]:
         for parent in PurePosixPath(member.name).parents:
             if str(parent) in files:
                 clashes.add(str(parent))
-    return [f"member {name!r}: used both as a file and as a folder" for name in sorted(clashes)]
+    return [f"member {clip(name)}: used both as a file and as a folder"
+            for name in sorted(clashes)]
 
 
 def open_archive(
@@ -199,7 +207,7 @@ def _file_size(path: Path) -> int:
         return path.stat().st_size
     except OSError as err:
         raise UnsafeArchive(
-            [f"cannot read archive {str(path)!r}: {err.strerror}"], field="archive"
+            [f"cannot read archive {clip(str(path))}: {err.strerror}"], field="archive"
         ) from None
 
 
@@ -237,7 +245,7 @@ def _copy_member(archive: zipfile.ZipFile, member: ArchiveMember, target: Path) 
         while chunk := src.read(_CHUNK):
             written += len(chunk)
             if written > member.size:
-                raise zipfile.BadZipFile(f"member {member.name!r} is larger than declared")
+                raise zipfile.BadZipFile(f"member {clip(member.name)} is larger than declared")
             dst.write(chunk)
     os.chmod(target, 0o644)
 
@@ -255,7 +263,7 @@ def write_zip(
         for name, read in sorted(members, key=lambda pair: pair[0]):
             problem = member_name_problem(name)
             if problem is not None:
-                raise InvalidArgument(f"cannot archive {name!r}: {problem}", field="archive")
+                raise InvalidArgument(f"cannot archive {clip(name)}: {problem}", field="archive")
             info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
             info.create_system = _ZIP_UNIX
             info.external_attr = (stat.S_IFREG | 0o644) << 16

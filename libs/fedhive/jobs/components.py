@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from fedhive.text import clip
+
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 _OWN_PACKAGE = "fedhive"
 
@@ -33,7 +35,7 @@ def check_components(config: Mapping[str, Any], file: str) -> list[Problem]:
             ids[cid] = ids.get(cid, 0) + 1
         problems += [(f"{file} {label}", text) for text in _component_problems(component)]
     problems += [
-        (f"{file} component {cid!r}", f"id used by {count} components")
+        (f"{file} component {clip(cid)}", f"id used by {count} components")
         for cid, count in ids.items()
         if count > 1
     ]
@@ -67,13 +69,19 @@ def _nested(component: dict[str, Any], where: str) -> Iterator[tuple[str, dict[s
         return
     for name, value in args.items():
         if isinstance(value, dict) and "path" in value:
-            yield f"{where}.args.{name}", value
-            yield from _nested(value, f"{where}.args.{name}")
+            at = f"{where}.args.{_name(name)}"
+            yield at, value
+            yield from _nested(value, at)
 
 
 def _label(component: Mapping[str, Any], where: str) -> str:
     cid = component.get("id")
-    return f"component {cid!r}" if isinstance(cid, str) and cid else f"component at {where}"
+    return f"component {clip(cid)}" if isinstance(cid, str) and cid else f"component at {where}"
+
+
+def _name(name: str) -> str:
+    """An argument name as a message shows it."""
+    return clip(name, quote=False)
 
 
 def _component_problems(component: Mapping[str, Any]) -> list[str]:
@@ -82,7 +90,7 @@ def _component_problems(component: Mapping[str, Any]) -> list[str]:
         return ["id must be a non-empty string"]
     path = component.get("path")
     if not isinstance(path, str) or not _DOTTED.match(path):
-        return [f"path must be a dotted Python class path, got {path!r}"]
+        return [f"path must be a dotted Python class path, got {clip(path)}"]
     args = component.get("args", {})
     if not isinstance(args, dict):
         return ["args must be an object"]
@@ -96,10 +104,10 @@ def _fedhive_class_problems(path: str, arg_names: set[str]) -> list[str]:
     try:
         module = importlib.import_module(module_name)
     except ImportError:
-        return [f"unknown fedhive class {path!r}: no module {module_name!r}"]
+        return [f"unknown fedhive class {clip(path)}: no module {clip(module_name)}"]
     cls = getattr(module, class_name, None)
     if not inspect.isclass(cls):
-        return [f"unknown fedhive class {path!r}"]
+        return [f"unknown fedhive class {clip(path)}"]
     try:
         params = inspect.signature(cls).parameters.values()
     except (TypeError, ValueError):
@@ -109,7 +117,7 @@ def _fedhive_class_problems(path: str, arg_names: set[str]) -> list[str]:
     if not any(p.kind is p.VAR_KEYWORD for p in params):
         unknown = sorted(arg_names - set(named))
         if unknown:
-            problems.append(f"{path} takes no argument(s) {', '.join(unknown)}")
+            problems.append(f"{path} takes no argument(s) {', '.join(map(_name, unknown))}")
     missing = sorted(n for n, p in named.items() if p.default is p.empty and n not in arg_names)
     if missing:
         problems.append(f"{path} needs argument(s) {', '.join(missing)}")

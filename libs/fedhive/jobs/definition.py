@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from fedhive.jobs import limits
 from fedhive.jobs.archive import ArchiveLimits, Violations, write_zip
 from fedhive.jobs.files import JobFiles, folder_files, zip_files
 from fedhive.jobs.record import JobMeta
@@ -27,6 +28,7 @@ from fedhive.jobs.validation import (
     AppConfigs,
     Checker,
 )
+from fedhive.text import clip
 
 _DEFAULT_NAME = "job"
 
@@ -116,7 +118,8 @@ def load_job(source: Path | bytes, limits: ArchiveLimits | None = None) -> JobDe
     if isinstance(source, Path) and source.is_dir():
         return _validate(*_job_layout(folder_files(source, limits), source.name, False))
     if isinstance(source, Path) and not source.exists():
-        raise InvalidJobDefinition([f"{source}: no such file or folder"], field="path")
+        raise InvalidJobDefinition([f"{clip(str(source), quote=False)}: no such file or folder"],
+                                   field="path")
     files = zip_files(source, limits)
     hint = source.stem if isinstance(source, Path) else _DEFAULT_NAME
     return _validate(*_job_layout(files, hint, True))
@@ -167,8 +170,14 @@ def _validate(files: JobFiles, raw: dict[str, Any] | None, hint: str) -> JobDefi
 
 
 def _read_meta(files: JobFiles, hint: str) -> dict[str, Any]:
+    """meta.json parsed, refused unread when it is larger than MAX_META_FILE_BYTES."""
     checker = Checker(hint)
-    raw = checker.json_object(META_FILE, files.read(META_FILE))
+    size = files.size(META_FILE)
+    if size > limits.MAX_META_FILE_BYTES:
+        checker.add(META_FILE, f"is {size} bytes, more than the limit of "
+                               f"{limits.MAX_META_FILE_BYTES}")
+        raise InvalidJobDefinition(checker.violations, field=checker.first_field)
+    raw = checker.json_object(META_FILE, files.read(META_FILE), limits.MAX_META_DEPTH)
     if raw is None:
         raise InvalidJobDefinition(checker.violations, field=checker.first_field)
     return raw

@@ -21,11 +21,17 @@ from fedhive.jobs.archive import (
     member_name_problem,
     open_archive,
 )
+from fedhive.text import clip
 
 
 class FileSource(Protocol):
     def read(self, name: str) -> bytes:
         """The content of the file stored under `name` (a name this source listed)."""
+        ...
+
+    def size(self, name: str) -> int:
+        """Its size in bytes, known without reading it (a zip member's declared size, which
+        reading never exceeds)."""
         ...
 
 
@@ -35,6 +41,9 @@ class _FolderSource:
 
     def read(self, name: str) -> bytes:
         return (self.root / name).read_bytes()
+
+    def size(self, name: str) -> int:
+        return (self.root / name).lstat().st_size
 
 
 class _ZipSource:
@@ -46,8 +55,11 @@ class _ZipSource:
             return self.archive.read(name)
         except CORRUPT_ZIP_ERRORS as err:
             raise UnsafeArchive(
-                [f"member {name!r} could not be read: {err}"], field="archive"
+                [f"member {clip(name)} could not be read: {err}"], field="archive"
             ) from None
+
+    def size(self, name: str) -> int:
+        return self.archive.getinfo(name).file_size
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,6 +92,9 @@ class JobFiles:
 
     def read(self, name: str) -> bytes:
         return self.source.read(self.paths[name])
+
+    def size(self, name: str) -> int:
+        return self.source.size(self.paths[name])
 
     def top_level(self) -> set[str]:
         """Names of the files and folders directly at the root."""
@@ -141,7 +156,7 @@ def folder_files(root: Path, limits: ArchiveLimits) -> JobFiles:
             elif problem is None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
                 problem = "special file (device, fifo or socket)"
             if problem is not None:
-                problems.append(f"{rel!r}: {problem}")
+                problems.append(f"{clip(rel)}: {problem}")
             elif stat.S_ISDIR(mode):
                 dirs.append(rel)
             else:

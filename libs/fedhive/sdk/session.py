@@ -12,11 +12,17 @@ Every method returns dataclasses (`fedhive.jobs.record.JobRecord`, `SubmitResult
 and raises `fedhive.errors` types: the gateway's error comes back as the same typed error
 (`NotFound`, `PermissionDenied`, `Unauthenticated`, `InvalidArgument`, ...), translated once,
 here. A job folder or zip is validated locally before it is uploaded.
+
+A submit always carries a submission id (a uuid4 when the caller gives none) and is retried
+with it when the gateway is unavailable, times out or drops the connection: a gateway that
+dies after the job-store created the job cannot make the retry run the job twice, the retry
+answers the job the first attempt created (`existed=True`).
 """
 
 from __future__ import annotations
 
 import builtins
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,24 +31,33 @@ from typing import BinaryIO, TypeVar
 
 import grpc
 
+from fedhive.errors import RpcTimeout, Unavailable, Unroutable
 from fedhive.jobs.definition import load_job
+from fedhive.jobs.limits import check_list_limit, check_submission_id
 from fedhive.jobs.metrics import RoundMetrics, round_from_proto
 from fedhive.jobs.record import JobRecord
 from fedhive.jobs.serde import record_from_proto, status_to_proto
 from fedhive.jobs.status import JobStatus
 from fedhive.proto.v1 import admin_pb2, admin_pb2_grpc
+from fedhive.retry import Backoff
 from fedhive.sdk.status import from_grpc
 from fedhive.sites.heartbeat import SiteHeartbeat
 from fedhive.sites.serde import site_heartbeat_from_proto
 
 T = TypeVar("T")
 CHUNK = 1024 * 1024
+# How long a submit keeps retrying after its first failed attempt: long enough for a gateway
+# to restart, short enough that a wrong address fails within a minute.
+SUBMIT_RETRY = Backoff(base=0.5, cap=5.0, max_attempts=None, deadline=30.0)
+# Errors after which the job may or may not exist: the retry (same id) finds out.
+RETRIED = (Unavailable, RpcTimeout, Unroutable)
 
 
 @dataclass(frozen=True)
 class SubmitResult:
     job_id: str
     existed: bool = False  # the submission id was seen before with the same content
+    submission_id: str = ""  # the id the submit carried (given, or generated)
 
 
 @dataclass(frozen=True)
@@ -69,12 +84,18 @@ class Session:
         client_cert: bytes | Path | None = None,
         client_key: bytes | Path | None = None,
         timeout: float = 60.0,
+        submit_timeout: float = 600.0,
+        submit_retry: Backoff = SUBMIT_RETRY,
     ) -> None:
         """`tls` (implied by any certificate argument): connect with TLS, trusting
         `root_certificates` (PEM; default: the system's CAs). `client_cert`/`client_key`:
-        mutual TLS. `timeout`: seconds per call (uploads, downloads and watches excepted)."""
+        mutual TLS. `timeout`: seconds per call (uploads, downloads and watches excepted).
+        `submit_timeout`: seconds per submit attempt (upload, validation and storing);
+        `submit_retry`: how a submit is retried after `RETRIED` errors."""
         self.address = address
         self.timeout = timeout
+        self.submit_timeout = submit_timeout
+        self.submit_retry = submit_retry
         self._metadata = (("authorization", f"Bearer {token}"),)
         if tls or root_certificates or client_cert:
             credentials = grpc.ssl_channel_credentials(
@@ -117,8 +138,10 @@ class Session:
         A folder is zipped (normalised); a zip goes up as it is, once it passed validation
         (the job-store normalises it again: re-compressing here would only add latency).
         `submission_id`: a client-chosen id; submitting the same content again with it returns
-        the same job (`existed=True`) instead of a second one.
+        the same job (`existed=True`) instead of a second one. Without one, a uuid4 is used;
+        either way the result names it, and the retries (see the module doc) carry it.
         """
+        submission_id = check_submission_id(submission_id) or str(uuid.uuid4())
         if isinstance(job, Path) and not job.is_file():  # a folder; or load_job says what is
             archive = load_job(job).to_zip()
             assert archive is not None
@@ -132,13 +155,20 @@ class Session:
             for start in range(CHUNK, len(archive), CHUNK):
                 yield admin_pb2.SubmitJobChunk(data=archive[start:start + CHUNK])
 
-        reply = self._call(lambda: self._stub.SubmitJob(chunks(), metadata=self._metadata))
-        return SubmitResult(reply.job_id, reply.existed)
+        def attempt() -> admin_pb2.SubmitJobReply:
+            reply: admin_pb2.SubmitJobReply = self._call(lambda: self._stub.SubmitJob(
+                chunks(), metadata=self._metadata, timeout=self.submit_timeout
+            ))
+            return reply
+
+        reply = self.submit_retry.call(attempt, RETRIED)
+        return SubmitResult(reply.job_id, reply.existed, submission_id)
 
     def list(self, *, status: JobStatus | Iterable[JobStatus] | None = None, name: str = "",
              submitter: str = "", id_prefix: str = "", limit: int = 0) -> list[JobRecord]:
         """Jobs newest first; filters combine with AND; `limit` 0: the gateway's page size."""
         statuses = [status] if isinstance(status, JobStatus) else list(status or [])
+        check_list_limit(limit)
         request = admin_pb2.ListJobsRequest(
             statuses=[status_to_proto(s) for s in statuses], name=name, submitter=submitter,
             id_prefix=id_prefix, limit=limit,

@@ -9,7 +9,8 @@ is started and timed while it drains the queue into Redis (`max_heartbeats_per_s
 Sender identity stays fully checked: creating 1,000 broker users and connections would measure
 the broker, not the intake, so the bench publishes over one connection as a user tagged
 `impersonator` (RabbitMQ then accepts any `user_id`), stamping each message with its site's
-name as `user_id`, exactly what 1,000 real site users would send. The intake runs unchanged.
+broker user (`<namespace>.<site>`) as `user_id`, exactly what 1,000 real site users would
+send. The intake runs unchanged.
 Messages (protobuf body and AMQP properties) are pre-generated before timing.
 
     .venv/bin/python bench/heartbeats.py [--sites 1000] [--interval 5] [--measure 40]
@@ -22,7 +23,6 @@ bench/results/heartbeats.json.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import platform
 import secrets
@@ -39,19 +39,25 @@ import pika  # noqa: E402
 import pika.exceptions  # noqa: E402
 import psutil  # noqa: E402
 import redis  # noqa: E402
-from support import load_average, write_results  # noqa: E402  (bench/support.py, beside this script)
+from support import (  # noqa: E402  (bench/support.py, beside this script)
+    bench_settings,
+    load_average,
+    write_results,
+)
 
 from fedhive.bus.publisher import properties  # noqa: E402
 from fedhive.config import Settings  # noqa: E402
 from fedhive.names import Names  # noqa: E402
 from fedhive.proto.v1 import site_pb2  # noqa: E402
 from fedhive.structs import dict_to_struct  # noqa: E402
+from tests.fixtures.job_store import service_env  # noqa: E402
 from tests.fixtures.sites import CTL, load_broker_users, with_user  # noqa: E402
 
 Message = tuple[str, bytes, Any]  # routing key, body, properties
 
 
-def heartbeats(sites: int, rounds: int, start_ms: int, interval_ms: int) -> list[Message]:
+def heartbeats(names: Names, sites: int, rounds: int, start_ms: int, interval_ms: int,
+               ) -> list[Message]:
     """`rounds` rounds of one heartbeat per site, in publishing order, signed as each site."""
     out: list[Message] = []
     for r in range(rounds):
@@ -64,7 +70,7 @@ def heartbeats(sites: int, rounds: int, start_ms: int, interval_ms: int) -> list
             beat.resources.CopyFrom(dict_to_struct(
                 {"num_gpus": 4, "mem_per_gpu_in_GiB": 80, "free": {"num_gpus": i % 5}}))
             out.append((Names.site_event(site, "heartbeat"), beat.SerializeToString(),
-                        properties(beat, user_id=site)))
+                        properties(beat, user_id=names.site_user(site))))
     return out
 
 
@@ -78,9 +84,7 @@ class Bench:
         self.admin = pika.BlockingConnection(pika.URLParameters(settings.amqp_url)).channel()
 
     def start_intake(self) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "FEDHIVE_AMQP_URL": self.settings.amqp_url,
-               "FEDHIVE_REDIS_URL": self.settings.redis_url,
-               "FEDHIVE_NAMESPACE": self.settings.namespace, "FEDHIVE_LOG_LEVEL": "WARNING"}
+        env = {**service_env(self.settings), "FEDHIVE_LOG_LEVEL": "WARNING"}
         proc = subprocess.Popen(
             [sys.executable, "-c", "from fedhive_services.job_runner.main import main; main()",
              "--site-ttl", "15"], env=env, stdout=subprocess.DEVNULL, start_new_session=True)
@@ -151,9 +155,10 @@ def run(args: argparse.Namespace, bench: Bench) -> dict[str, Any]:
     warm_rounds = max(1, round(args.warmup / args.interval))
     rounds = warm_rounds + max(1, round(args.measure / args.interval))
     start_ms = int(time.time() * 1000)
-    steady = heartbeats(args.sites, rounds, start_ms, interval_ms)
+    steady = heartbeats(bench.names, args.sites, rounds, start_ms, interval_ms)
     burst_rounds = max(1, args.burst // args.sites)
-    burst = heartbeats(args.sites, burst_rounds, start_ms + rounds * interval_ms, interval_ms)
+    burst = heartbeats(bench.names, args.sites, burst_rounds, start_ms + rounds * interval_ms,
+                       interval_ms)
 
     intake = bench.start_intake()
     process = psutil.Process(intake.pid)
@@ -206,8 +211,8 @@ def run(args: argparse.Namespace, bench: Bench) -> dict[str, Any]:
         "loadavg_before": load_before,
         "loadavg_after": load_after,
         "cpu_count": os.cpu_count(),
-        "publisher": "one connection, user tagged impersonator, user_id = site (checked by the "
-                     "intake as in production), confirms on",
+        "publisher": "one connection, user tagged impersonator, user_id = the site's user "
+                     "(checked by the intake as in production), confirms on",
         "python": platform.python_version(),
         "machine": platform.machine(),
     }
@@ -221,8 +226,13 @@ def main() -> None:
     parser.add_argument("--measure", type=float, default=40.0, help="seconds measured")
     parser.add_argument("--burst", type=int, default=20000, help="messages in the drain test")
     args = parser.parse_args()
-    base = Settings.from_env()
-    settings = dataclasses.replace(base, namespace=f"bench-hb-{secrets.token_hex(3)}")
+    with bench_settings(f"bench-hb-{secrets.token_hex(3)}") as (settings, _):
+        measure(args, settings)
+
+
+def measure(args: argparse.Namespace, settings: Settings) -> None:
+    """The benchmark on `settings`, which name an S3 server: the job-runner that hosts the
+    intake needs one, as in any deployment."""
     broker_users = load_broker_users()
     name = f"{settings.namespace}-publisher"
     everything = rf"^({settings.namespace}\.|amq\.)"
@@ -230,7 +240,7 @@ def main() -> None:
                                    broker_users.Permissions(everything, everything, everything),
                                    tags=("impersonator",))
     vhost = pika.URLParameters(settings.amqp_url).virtual_host
-    broker_users.create_users([user], vhost, CTL)
+    broker_users.create_users([user], vhost, CTL, namespace=settings.namespace)
     bench = Bench(settings, with_user(settings.amqp_url, name, user.password))
     try:
         result = run(args, bench)

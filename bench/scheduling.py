@@ -40,7 +40,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.fixtures (the service launchers, SeaweedFS)
 
-import pika  # noqa: E402
 from support import bench_settings, load_average, write_results  # noqa: E402  (bench/support.py, beside this script)
 
 from fedhive.blobs import S3BlobStore  # noqa: E402
@@ -56,25 +55,17 @@ from tests.fixtures.gateway import clean_namespace  # noqa: E402
 from tests.fixtures.infra import stop_process, wait_for  # noqa: E402
 from tests.fixtures.job_runner import RunnerProcess, flow, flow_job  # noqa: E402
 from tests.fixtures.job_store import JobStoreProcess, service_env, stage  # noqa: E402
-from tests.fixtures.site_agent import SiteAgentProcess, write_site  # noqa: E402
-from tests.fixtures.sites import CTL, load_broker_users, with_user  # noqa: E402
+from tests.fixtures.site_agent import (  # noqa: E402
+    SiteAgentProcess,
+    SiteUsers,
+    storage_url,
+    write_site,
+)
 
 S = JobStatus
 SUBMITTER = job_pb2.Submitter(name="bench@a", org="a", role="lead")
 PHASES = (("submit_to_submitted", None, S.SUBMITTED), ("submitted_to_dispatched", S.SUBMITTED,
           S.DISPATCHED), ("dispatched_to_running", S.DISPATCHED, S.RUNNING))
-
-
-@contextmanager
-def site_users(settings: Settings, sites: Sequence[str]) -> Iterator[dict[str, str]]:
-    """Broker users for `sites` on this namespace (deleted on exit): site -> its broker URL."""
-    broker_users = load_broker_users()
-    users = broker_users.plan(settings.namespace, list(sites), None)
-    broker_users.create_users(users, pika.URLParameters(settings.amqp_url).virtual_host, CTL)
-    try:
-        yield {u.name: with_user(settings.amqp_url, u.name, u.password) for u in users}
-    finally:
-        broker_users.delete_users([u.name for u in users], CTL)
 
 
 def start_scheduler(settings: Settings, log_path: Path, max_jobs: int) -> subprocess.Popen[bytes]:
@@ -111,10 +102,13 @@ def running_services(settings: Settings, tmp: Path, sites: Sequence[str], max_jo
         job_store.start()
         job_store.wait_ready(bus)
         stack.callback(RunnerProcess(settings, tmp, *runner_args).start().stop)
-        urls = stack.enter_context(site_users(settings, sites))
+        users = SiteUsers(settings)
+        stack.callback(users.close)
+        urls = users.url(*sites)
         for site in sites:
             site_dir = write_site(tmp / site, site=site, broker_url=urls[site],
-                                  namespace=settings.namespace, **site_fields)
+                                  namespace=settings.namespace, storage_url=storage_url(settings),
+                                  services_user=bus.user, **site_fields)
             stack.callback(SiteAgentProcess(site, site_dir, settings.namespace, bus)
                            .launch().stop)
         wait_for(lambda: set(sites) <= set(state.online_sites()), timeout=30,

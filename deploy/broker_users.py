@@ -2,7 +2,7 @@
 
     python deploy/broker_users.py create site-1 site-2 --credentials secrets/broker.json
     python deploy/broker_users.py create --sites-file sites.txt --credentials secrets/broker.json
-    python deploy/broker_users.py delete site-1 site-2 fedhive-services
+    python deploy/broker_users.py delete fedhive.site-1 fedhive.site-2 fedhive-services
 
 Namespace and vhost default to FEDHIVE_NAMESPACE and the vhost of FEDHIVE_AMQP_URL. Every user
 gets a fresh random password (re-running `create` rotates them); the passwords go only to the
@@ -24,6 +24,7 @@ from fedhive.brokerusers import (
     BrokerUser,
     Permissions,
     check_name,
+    check_user,
     create_users,
     definitions,
     delete_users,
@@ -40,9 +41,9 @@ from fedhive.config import Settings
 from fedhive.errors import FedhiveError, InvalidArgument
 
 __all__ = [  # what tests and benchmarks use through this script (tests/fixtures/sites.py)
-    "BrokerUser", "Permissions", "check_name", "create_users", "definitions", "delete_users",
-    "main", "new_password", "password_hash", "plan", "service_permissions", "site_permissions",
-    "vhost_of", "with_user", "write_credentials",
+    "BrokerUser", "Permissions", "check_name", "check_user", "create_users", "definitions",
+    "delete_users", "main", "new_password", "password_hash", "plan", "service_permissions",
+    "site_permissions", "vhost_of", "with_user", "write_credentials",
 ]
 
 
@@ -75,14 +76,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctl = shlex.split(args.rabbitmqctl)
     try:
         if args.command == "delete":
-            delete_users(_sites(args), ctl)
+            delete_users([check_user(user) for user in dict.fromkeys(args.users)], ctl)
             print(f"deleted {len(args.users)} user(s)")
             return 0
         users = plan(args.namespace, _sites(args), args.service_user)
         if not users:
             raise InvalidArgument("no sites and no service user given", field="site")
         write_credentials(args.credentials, users)
-        create_users(users, args.vhost, ctl)
+        create_users(users, args.vhost, ctl, namespace=args.namespace)
     except (FedhiveError, OSError) as err:
         print(f"broker_users.py: {err}", file=sys.stderr)
         return 2

@@ -6,10 +6,12 @@ write each site's folder (docker-compose.yml's one-shot `broker-users` service r
 * The services' user (`--service-user`, default fedhive-services) gets the password in
   RABBITMQ_SERVICES_PASSWORD: the compose file builds the services' FEDHIVE_AMQP_URL from the
   same variable.
-* Each SITE gets a user of its own name with a random password, kept in
+* Each SITE gets a user `<namespace>.<site>` with a random password, kept in
   `DIR/SITE/local/site.json`: a re-run keeps it, so an agent that is running stays valid.
 * `DIR/SITE/local/site.json` gets the site, its broker URL (FEDHIVE_AMQP_URL's host, port and
-  vhost with the site's user) and FEDHIVE_NAMESPACE; fields an operator added are kept.
+  vhost with the site's user), FEDHIVE_NAMESPACE, the services' user (whose commands the agent
+  takes) and `--storage-url` (where its app bundles come from); fields an operator added are
+  kept.
   `local/resources.json` is copied from `--resources` when the site has none (and checked as
   the agent will load it); the folder is handed to `--owner` when this runs as root (named
   volumes start out owned by root).
@@ -52,6 +54,7 @@ from fedhive.brokerusers import (
 from fedhive.config import Settings
 from fedhive.errors import ConfigError, FedhiveError, InvalidArgument
 from fedhive.jobs.validation import site_name_problem
+from fedhive.names import Names
 from fedhive.poc.layout import write_private
 from fedhive.resources import load_resources
 
@@ -107,7 +110,7 @@ def import_definitions(management_url: str, user: str, password: str, document: 
         time.sleep(RETRY_S)
 
 
-def _earlier_password(site_dir: Path, site: str) -> str | None:
+def _earlier_password(site_dir: Path, user: str) -> str | None:
     """The site's password from its site.json, when it holds one for this user."""
     try:
         params = pika.URLParameters(json.loads((site_dir / SITE_FILE).read_text())["broker_url"])
@@ -116,11 +119,12 @@ def _earlier_password(site_dir: Path, site: str) -> str | None:
     credentials = params.credentials
     username = getattr(credentials, "username", None)
     password = getattr(credentials, "password", None)
-    return str(password) if username == site and password else None
+    return str(password) if username == user and password else None
 
 
-def write_site(site_dir: Path, site: str, broker_url: str, namespace: str,
+def write_site(site_dir: Path, site: str, broker_url: str, link: dict[str, str],
                resources: Path) -> None:
+    """`link`: namespace, services_user and storage_url, as site.json names them."""
     config_file = site_dir / SITE_FILE
     try:
         config = json.loads(config_file.read_text())
@@ -129,7 +133,7 @@ def write_site(site_dir: Path, site: str, broker_url: str, namespace: str,
     if not isinstance(config, dict):
         config = {}
     config.setdefault("org", site)
-    config.update(site=site, broker_url=broker_url, namespace=namespace)
+    config.update(site=site, broker_url=broker_url, **link)
     write_private(config_file, json.dumps(config, indent=2) + "\n")
     if not (site_dir / RESOURCES_FILE).exists():
         shutil.copyfile(resources, site_dir / RESOURCES_FILE)
@@ -161,16 +165,21 @@ def setup(args: argparse.Namespace) -> list[str]:
                         _url_safe("RABBITMQ_SERVICES_PASSWORD",
                                   _required_env("RABBITMQ_SERVICES_PASSWORD")),
                         service_permissions(settings.namespace))]
-    users += [BrokerUser(site, _earlier_password(args.sites_root / site, site) or new_password(),
+    names = Names(settings.namespace)
+    users += [BrokerUser(names.site_user(site),
+                         _earlier_password(args.sites_root / site, names.site_user(site))
+                         or new_password(),
                          site_permissions(settings.namespace, site)) for site in sites]
     vhost = vhost_of(settings.amqp_url)
     import_definitions(args.management_url, _required_env("RABBITMQ_USER"),
-                       _required_env("RABBITMQ_PASSWORD"), definitions(users, vhost),
-                       args.wait)
-    for user in users[1:]:
-        site_dir = args.sites_root / user.name
-        write_site(site_dir, user.name, with_user(settings.amqp_url, user.name, user.password),
-                   settings.namespace, args.resources)
+                       _required_env("RABBITMQ_PASSWORD"),
+                       definitions(users, vhost, settings.namespace), args.wait)
+    link = {"namespace": settings.namespace, "services_user": args.service_user,
+            "storage_url": args.storage_url}
+    for site, user in zip(sites, users[1:], strict=True):
+        site_dir = args.sites_root / site
+        write_site(site_dir, site, with_user(settings.amqp_url, user.name, user.password),
+                   link, args.resources)
         hand_over(site_dir, args.owner)
     return [f"user {user.name} on vhost {vhost}" for user in users]
 
@@ -183,6 +192,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sites-root", type=Path, required=True,
                         help="the folder holding one folder per site")
     parser.add_argument("--service-user", default="fedhive-services")
+    parser.add_argument("--storage-url", required=True,
+                        help="the object store as the sites reach it, e.g. "
+                        "http://minio:9000/fedhive: app bundles come from under it only")
     parser.add_argument("--resources", type=Path,
                         default=Path(__file__).resolve().parent / "resources.json",
                         help="resources.json for a site that has none (default %(default)s)")

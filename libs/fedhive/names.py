@@ -26,6 +26,17 @@ class Names:
     def dead_letter_exchange(self) -> str:
         return f"{self.ns}.dlx"
 
+    @property
+    def replies_exchange(self) -> str:
+        """Topic exchange of RPC replies to the services' reply queues (`reply_queue`): sites
+        may not publish to the default exchange, so their replies come this way."""
+        return f"{self.ns}.replies"
+
+    def reply_queue(self, tag: str) -> str:
+        """A services RPC client's exclusive reply queue, bound to `replies_exchange` by its
+        own name."""
+        return f"{self.ns}.reply.{tag}"
+
     def service_queue(self, service: str) -> str:
         """`job-store`, `scheduler`, `job-runner`."""
         return f"{self.ns}.{service}"
@@ -33,8 +44,34 @@ class Names:
     def site_queue(self, site: str) -> str:
         return f"{self.ns}.site.{site}"
 
+    def site_of_queue(self, queue: str) -> str | None:
+        """The site whose control queue `queue` is; None for any other queue."""
+        prefix = self.site_queue("")
+        site = queue[len(prefix):] if queue.startswith(prefix) else ""
+        return site if site and "." not in site else None
+
     def job_server_queue(self, job_id: str) -> str:
         return f"{self.ns}.job.{job_id}.server"
+
+    def job_site_route(self, job_id: str, site: str) -> str:
+        """The routing key a site's task traffic to a job's server queue uses: the server job
+        binds it for each site of the job only, and a site's broker user may publish with no
+        other (`fedhive.brokerusers`), so a site reaches exactly the jobs it runs."""
+        return f"{self.job_server_queue(job_id)}.{site}"
+
+    # Broker users ---------------------------------------------------------------------------
+    def site_user(self, site: str) -> str:
+        """A site's broker user: the namespace is part of it, so two deployments (or tenants)
+        on one broker with the same site names never share a user."""
+        return f"{self.ns}.{site}"
+
+    def site_of_user(self, user: str | None) -> str | None:
+        """The site whose broker user `user` is, in this namespace; None for any other user."""
+        prefix = f"{self.ns}."
+        if user is None or not user.startswith(prefix) or len(user) == len(prefix):
+            return None
+        site = user[len(prefix):]
+        return None if "." in site else site
 
     def events_queue(self, consumer: str) -> str:
         """The queue a service binds to the events exchange."""
@@ -139,6 +176,10 @@ class Names:
 
     def job_result_key(self, job_id: str) -> str:
         return f"{self.job_prefix(job_id)}result.zip"
+
+    def job_bundle_key(self, job_id: str, app: str) -> str:
+        """An app of the job, zipped for the sites it is deployed to."""
+        return f"{self.job_prefix(job_id)}bundles/{app}.zip"
 
     def job_tensor_prefix(self, job_id: str) -> str:
         """A job's tensor objects (task data, results, checkpoints), deleted with the job."""

@@ -24,6 +24,7 @@ MAX_RACES = 5  # the status moved under us (DISPATCHED -> RUNNING): read it agai
 
 def handle_abort(ctx: RunnerContext, request: admin_pb2.AbortJobRequest, delivery: Delivery,
                  ) -> job_pb2.JobRecord:
+    ctx.check_owner()
     record = _aborted(ctx, request, delivery)
     with ctx.try_job_lock(record.job_id) as free:
         # not free: a dispatch or the monitor works on the job; it sees the abort and cleans up

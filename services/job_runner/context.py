@@ -27,12 +27,24 @@ class ChildProcess(Protocol):
     def wait(self, timeout: float | None = None) -> int | None: ...
 
 
+class Ownership(Protocol):
+    """Whether this process may act on the jobs of its runner id now (`identity.RunnerLease`)."""
+
+    def held(self) -> bool: ...
+
+
+class NotOwnerNow(Exception):
+    """This process is not sure it still holds its runner id (Redis away, or fenced). Not a
+    `FedhiveError` on purpose: the bus requeues the command for a runner that is sure."""
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     holder: str  # this runner's id: a restarted runner with the same id re-attaches at once
+    # (one live process per id: `identity`)
     work_dir: Path  # where the server jobs' workspaces are
     sync_timeout_s: float = 10.0  # allocate, deploy and start replies (FLARE runner_sync_timeout)
-    lease_ttl_s: float = 15.0  # the job-ownership lease; renewed by the monitor
+    lease_ttl_s: float = 15.0  # the job-ownership and runner-id leases
     monitor_interval_s: float = 0.5
     abort_grace_s: float = 5.0  # SIGTERM -> SIGKILL of a server job's process group
     sj_liveness_s: float = 1.0  # how often the server job renews its liveness record
@@ -48,6 +60,7 @@ class RunnerContext:
     runs: RunTable
     config: RunnerConfig
     log: Any
+    owner: Ownership
     children: dict[str, ChildProcess] = field(default_factory=dict)
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
@@ -71,6 +84,12 @@ class RunnerContext:
         finally:
             if got:
                 lock.release()
+
+    def check_owner(self) -> None:
+        """NotOwnerNow unless this process may act on its jobs."""
+        if not self.owner.held():
+            raise NotOwnerNow(f"job-runner {self.config.holder} is not sure it holds its "
+                              "runner id now")
 
     def forget(self, job_id: str) -> None:
         with self._guard:

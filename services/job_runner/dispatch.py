@@ -46,6 +46,7 @@ D = JobStatus.DISPATCHED
 
 def handle_dispatch(ctx: RunnerContext, request: runner_pb2.DispatchJob, delivery: Delivery,
                     ) -> None:
+    ctx.check_owner()
     job_id = request.job_id
     log = ctx.log.bind(job_id=job_id)
     tokens = {s.site: s.token for s in request.sites}
@@ -154,7 +155,7 @@ class _Dispatch:
         files = definition.files.subtree(app)
         data = write_zip([(name, _reader(files.read, name)) for name in files.names()])
         assert data is not None
-        key = f"{self.ctx.names.job_prefix(self.job_id)}bundles/{app}.zip"
+        key = self.ctx.names.job_bundle_key(self.job_id, app)
         self.ctx.blobs.put(key, data)
         url = self.ctx.blobs.presign_get(key, BUNDLE_URL_LIFETIME_S)
         return url.url, url.expires_at_ms
@@ -179,14 +180,16 @@ class _Dispatch:
                       resume_from=self.resumed_from or None)
 
     def start(self) -> None:
-        queue = self.ctx.names.job_server_queue(self.job_id)
-        requests = {site: site_pb2.StartRequest(job_id=self.job_id, server_queue=queue)
-                    for site in self.active()}
+        requests = {site: site_pb2.StartRequest(job_id=self.job_id) for site in self.active()}
         stragglers = []
         for site, reply in call_sites(self.ctx, requests, site_pb2.SiteJob).items():
             if isinstance(reply, RpcTimeout):
                 stragglers.append(site)
-            self.site_result(site, reply, "start", started=True)
+            if isinstance(reply, FedhiveError):
+                self.site_result(site, reply, "start")
+            else:  # the site's time of the start: its later heartbeats must list the job
+                self.site_result(site, reply, "start", started=True,
+                                 started_at_ms=reply.updated_at_ms)
         if stragglers and not self.shortfall():
             self.log.warning("job_runner.stragglers_excluded", sites=stragglers,
                              why="no reply to start within the sync timeout")
@@ -207,7 +210,7 @@ class _Dispatch:
         self.log.info("job_runner.running", sites=sites, excluded=update.failed_sites)
 
     # bookkeeping --------------------------------------------------------------------------
-    def site_result(self, site: str, reply: object, what: str, **done: bool) -> None:
+    def site_result(self, site: str, reply: object, what: str, **done: bool | int) -> None:
         if isinstance(reply, FedhiveError):
             self.exclude(site, describe(reply, what),
                          fatal=what == "start" and not isinstance(reply, RpcTimeout))

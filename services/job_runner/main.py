@@ -3,13 +3,17 @@
 Two duties in one process: the heartbeat intake and site registry (`heartbeats.py`), and
 running jobs: `DispatchJob` and `AbortJobRequest` on `{ns}.job-runner` (`dispatch.py`,
 `abort.py`) and the monitor thread (`monitor.py`) that ends jobs, re-attaches after a restart
-and heals from heartbeats. Configured by the FEDHIVE_* environment (`Settings`) plus the options
-below.
+and heals from heartbeats. Before any of it, the process claims its runner id (`identity.py`):
+a second live runner with the same id refuses to start (exit 2), and a runner whose id was taken
+over while it was frozen or cut off shuts itself down. Configured by the FEDHIVE_* environment
+(`Settings`) plus the options below.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import socket
 import tempfile
 from collections.abc import Sequence
@@ -34,6 +38,7 @@ from .abort import handle_abort
 from .context import RunnerConfig, RunnerContext
 from .dispatch import handle_dispatch
 from .heartbeats import HeartbeatIntake
+from .identity import RunnerLease
 from .monitor import Monitor, recover
 
 SERVICE = "job-runner"
@@ -44,11 +49,13 @@ class JobRunner:
     """The composition of the running service; `close()` stops it in reverse order."""
 
     def __init__(self, ctx: RunnerContext, blobs: S3BlobStore, state: RedisStateStore,
-                 bus: RabbitBus, heartbeats: HeartbeatIntake, monitor: Monitor) -> None:
+                 bus: RabbitBus, lease: RunnerLease, heartbeats: HeartbeatIntake,
+                 monitor: Monitor) -> None:
         self.ctx = ctx
         self.blobs = blobs
         self.state = state
         self.bus = bus
+        self.lease = lease
         self.heartbeats = heartbeats
         self.monitor = monitor
 
@@ -57,9 +64,15 @@ class JobRunner:
         self.heartbeats.close()
         self.bus.close()
         self.monitor.close()
+        self.lease.close()
         self.ctx.runs.close()
         self.blobs.close()
         self.state.close()
+
+
+def shut_down() -> None:
+    """A fenced runner's way out: the clean shutdown of SIGTERM (`fedhive.service.run`)."""
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def make_handler(ctx: RunnerContext) -> Handler:
@@ -76,26 +89,32 @@ def make_handler(ctx: RunnerContext) -> Handler:
 def build(settings: Settings, log: Any, *, options: Options) -> JobRunner:
     state = RedisStateStore.from_settings(settings)
     blobs = S3BlobStore.from_settings(settings)
-    bus = RabbitBus(settings, name=SERVICE, sign=True)
+    bus = RabbitBus(settings, name=SERVICE)
     names = Names(settings.namespace)
+    log = log.bind(service=SERVICE)
+    lease = RunnerLease(state, options.runner.holder, options.runner.lease_ttl_s, log,
+                        on_fenced=shut_down)
     ctx = RunnerContext(state=state, blobs=blobs, bus=bus, names=names,
                         runs=RunTable.from_settings(settings), config=options.runner,
-                        log=log.bind(service=SERVICE))
+                        log=log, owner=lease)
     heartbeats = HeartbeatIntake(bus, state, options.intake, log)
-    monitor = Monitor(ctx)
-    runner = JobRunner(ctx, blobs, state, bus, heartbeats, monitor)
+    monitor = Monitor(ctx, heartbeats)
+    runner = JobRunner(ctx, blobs, state, bus, lease, heartbeats, monitor)
     try:
+        lease.start()  # first: nothing is touched under an id another live runner holds
         heartbeats.start()
         recover(ctx)
         monitor.start()
         bus.serve(names.service_queue(SERVICE), make_handler(ctx),
                   [runner_pb2.DispatchJob, admin_pb2.AbortJobRequest],
                   prefetch=CONCURRENCY * 2, concurrency=CONCURRENCY)
+        log.info("job_runner.serving", queue=names.service_queue(SERVICE),
+                 runner_id=options.runner.holder, holder=lease.holder,
+                 work_dir=str(options.runner.work_dir),
+                 storage_url=blobs.url_prefix())  # what each site.json's storage_url must say
     except BaseException:
         runner.close()
         raise
-    log.info("job_runner.serving", queue=names.service_queue(SERVICE),
-             holder=options.runner.holder, work_dir=str(options.runner.work_dir))
     return runner
 
 
@@ -125,7 +144,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                         "(default %(default)s)")
     parser.add_argument("--runner-id", default=socket.gethostname(),
                         help="this runner's id (default: the host name); a runner restarted "
-                        "with the same id re-attaches to the server jobs it left running")
+                        "with the same id re-attaches to the server jobs it left running; one "
+                        "live runner per id: a second one refuses to start")
     parser.add_argument("--work-dir", type=Path,
                         default=Path(tempfile.gettempdir()) / "fedhive-runner",
                         help="where server jobs' workspaces go (default %(default)s)")
@@ -134,6 +154,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                         "answer is a failure (default %(default)s)")
     parser.add_argument("--abort-grace", type=positive_seconds, default=5.0, metavar="SECONDS",
                         help="SIGTERM to SIGKILL of a server job (default %(default)s)")
+    parser.add_argument("--lease-ttl", type=positive_seconds, default=15.0, metavar="SECONDS",
+                        help="lifetime of the runner id's and the jobs' ownership leases, "
+                        "renewed while the runner runs: a runner frozen or cut off from Redis "
+                        "this long loses its jobs to a successor (default %(default)s)")
     parser.add_argument("--orphan-grace", type=positive_seconds, default=5.0, metavar="SECONDS",
                         help="a DISPATCHED job that no runner works on this long (its dispatch "
                         "command was lost, or its runner died mid-dispatch) is dispatched "
@@ -143,7 +167,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                           sweep_interval_s=args.sweep_interval)
     runner = RunnerConfig(holder=args.runner_id, work_dir=args.work_dir,
                           sync_timeout_s=args.sync_timeout, abort_grace_s=args.abort_grace,
-                          orphan_grace_s=args.orphan_grace)
+                          lease_ttl_s=args.lease_ttl, orphan_grace_s=args.orphan_grace)
     return Options(intake, runner)
 
 

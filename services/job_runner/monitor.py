@@ -3,33 +3,42 @@
 Every `monitor_interval_s`, for each running job: renew its ownership lease; end it when its
 server job reported (`COMPLETED` / `EXECUTION_EXCEPTION`), ended or lost its liveness without
 reporting (`ABNORMAL`, with the exit code or signal), or ran past its `max_runtime` (`ABORTED`);
-tell the server job about sites that are gone (debounced: a site that stopped reporting the job
-after it had, or went offline after it was seen online). Across all sites: a site running a
-job that is over (or unknown) is told to abort it.
+tell the server job about sites that are gone (`liveness.judge`: its client job ended, or is no
+longer listed by its site; the site went offline, or stopped reporting the job, judged only
+while this process's heartbeat intake trusts its view for a whole TTL), so that the workflow's
+minimums decide between carrying on and failing. Across all sites: a site running a job that is
+over (or unknown) is told to abort it. A tick does nothing while the process is not sure it
+holds its runner id (`identity`).
 
 At start (`recover`), jobs a previous runner with the same id left in the table are taken
-back: RUNNING ones are simply watched again (their server jobs never depended on the runner),
-DISPATCHED ones (it was still deploying or starting them) are dispatched again, resuming from
-where it stopped (`dispatch.py`). At start and every `orphan_grace_s`, a DISPATCHED job that no
-runner works on (its ownership lease is free or expired, or held under this runner's id with
-no dispatch of it in progress here) for longer than `orphan_grace_s` — its `DispatchJob` was
-lost, or its runner died mid-dispatch — is re-issued to the runners' queue from its record.
+back, their ownership leases taken over with new tokens (the predecessor is gone: this process
+holds the id), so a write it still had in flight is refused. RUNNING ones are simply watched
+again (their server jobs never depended on the runner), DISPATCHED ones (it was still deploying
+or starting them) are dispatched again, resuming from where it stopped (`dispatch.py`).
+At start and every `orphan_grace_s`, a DISPATCHED job that no runner works on (its ownership
+lease is free or expired, or held under this runner's id with no dispatch of it in progress
+here) for longer than `orphan_grace_s` — its `DispatchJob` was lost, or its runner died
+mid-dispatch — is re-issued to the runners' queue from its record.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 from fedhive.errors import FedhiveError, NotFound
 from fedhive.jobs.record import JobRecord
 from fedhive.jobs.status import JobStatus
 from fedhive.proto.v1 import runner_pb2, site_pb2
+from fedhive.sites.heartbeat import SiteHeartbeat
 from fedhive.state.runs import RunEntry
 
 from . import server_job
 from .context import RunnerContext, lease_name
 from .finish import conclude, record_sites, wind_up
+from .heartbeats import STORE_ERRORS, HeartbeatIntake
+from .liveness import View, judge
 
 R = JobStatus.RUNNING
 SERVICE = "job-runner"  # the runners' queue, where dispatches are re-issued
@@ -49,11 +58,11 @@ def recover(ctx: RunnerContext) -> None:
     for entry in ctx.runs.all():
         if entry.runner != ctx.config.holder:
             continue
-        token = ctx.state.acquire(lease_name(entry.job_id), ctx.config.holder,
-                                  ctx.config.lease_ttl_s)
+        token = ctx.state.take_over(lease_name(entry.job_id), ctx.config.holder,
+                                    ctx.config.lease_ttl_s, previous=ctx.config.holder)
         if token is None:
             continue  # another runner took the job over meanwhile
-        entry = RunEntry(**{**entry.__dict__, "fence_token": token})
+        entry = replace(entry, fence_token=token)
         ctx.runs.put(entry)
         status = ctx.state.get_job(entry.job_id).status
         if status == R:  # the phase may lag the status by one write: the status decides
@@ -90,8 +99,10 @@ def orphans(ctx: RunnerContext) -> list[str]:
 
 
 class Monitor:
-    def __init__(self, ctx: RunnerContext) -> None:
+    def __init__(self, ctx: RunnerContext, heartbeats: HeartbeatIntake) -> None:
         self.ctx = ctx
+        self.heartbeats = heartbeats
+        self._paused = False  # what the loop last logged about `ctx.owner`
         self._stop = threading.Event()
         self._told: dict[tuple[str, str], float] = {}
         self._reissued: dict[str, float] = {}
@@ -108,13 +119,31 @@ class Monitor:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.ctx.config.monitor_interval_s):
+            if not self._owner():
+                continue
             try:
                 self.tick()
             except Exception as err:  # Redis or the broker away: the next tick tries again
+                if isinstance(err, STORE_ERRORS):
+                    self.heartbeats.vigil.store_failed()
                 self.ctx.log.warning("job_runner.monitor_failed", error=str(err))
+            else:
+                self.heartbeats.vigil.store_answered()
+
+    def _owner(self) -> bool:
+        held = self.ctx.owner.held()
+        if held and self._paused:
+            self.ctx.log.info("job_runner.monitor_resumed")
+        elif not held and not self._paused:
+            self.ctx.log.warning("job_runner.monitor_paused",
+                                 why="not sure this process still holds its runner id")
+        self._paused = not held
+        return held
 
     def tick(self) -> None:
         running = set()
+        online = set(self.ctx.state.online_sites())
+        live = {beat.site: beat for beat in self.ctx.state.live_sites()}
         for entry in self.ctx.runs.all():
             running.add(entry.job_id)
             if entry.runner != self.ctx.config.holder:
@@ -125,8 +154,8 @@ class Monitor:
             with self.ctx.try_job_lock(entry.job_id) as free:
                 current = self.ctx.runs.get(entry.job_id) if free else None
                 if current is not None:
-                    self.watch(current)
-        self.stray_jobs(running)
+                    self.watch(current, online, live)
+        self.stray_jobs(running, live)
         if time.monotonic() >= self._next_scan:
             self.reissue_orphans()
 
@@ -148,7 +177,7 @@ class Monitor:
                 redispatch(self.ctx, job_id, "DISPATCHED, and no job-runner works on it")
 
     # one job ----------------------------------------------------------------------------
-    def watch(self, entry: RunEntry) -> None:
+    def watch(self, entry: RunEntry, online: set[str], live: dict[str, SiteHeartbeat]) -> None:
         ctx = self.ctx
         ctx.state.renew(lease_name(entry.job_id), ctx.config.holder, entry.fence_token,
                         ctx.config.lease_ttl_s)
@@ -178,48 +207,52 @@ class Monitor:
             conclude(ctx, entry, R, JobStatus.FINISHED_ABORTED,
                      f"max_runtime {limit:g} s exceeded")
             return
-        self.gone_sites(entry)
+        self.gone_sites(entry, online, live)
 
-    def gone_sites(self, entry: RunEntry) -> None:
-        ctx = self.ctx
-        online = set(ctx.state.online_sites())
+    def gone_sites(self, entry: RunEntry, online: set[str],
+                   live: dict[str, SiteHeartbeat]) -> None:
+        """Judge each started site (`liveness.judge`); tell the server job of each gone one.
+        A site is recorded gone only once the server job was told, so a notice the broker
+        refused is sent again on the next tick."""
+        ctx, config = self.ctx, self.heartbeats.config
+        trust_sites = self.heartbeats.trusts(config.site_ttl_s)
+        trust_jobs = self.heartbeats.trusts(config.job_ttl_s)
+        before = entry
         for site, state in sorted(entry.sites.items()):
-            if not state.started or state.excluded or state.gone:
+            if not state.started or state.excluded or state.gone or state.ended:
                 continue
-            beat = ctx.state.get_job_heartbeat(entry.job_id, site)
-            before = entry
-            if beat is not None and beat.sent_at_ms > state.last_heartbeat_ms:
-                entry = entry.with_site(site, last_heartbeat_ms=beat.sent_at_ms)
-            why = ""
-            if site in online and not state.seen_online:
-                entry = entry.with_site(site, seen_online=True)
-            elif site not in online and state.seen_online:
-                why = "site went offline"
-            if beat is not None and not state.reported:
-                entry = entry.with_site(site, reported=True)
-            elif beat is None and state.reported:
-                why = why or "site stopped reporting the job"
+            view = View(online=site in online, site_beat=live.get(site),
+                        job_beat=ctx.state.get_job_heartbeat(entry.job_id, site),
+                        trust_sites=trust_sites, trust_jobs=trust_jobs)
+            updated, why = judge(entry.job_id, state, view)
             if why:
-                entry = entry.with_site(site, gone=why)
                 ctx.log.warning("job_runner.site_gone", job_id=entry.job_id, site=site, why=why)
-                self._tell_server_job(entry.job_id, site, why)
-            if entry != before:
-                ctx.runs.put(entry)
-                record_sites(ctx, entry)
+                if not self._tell_server_job(entry.job_id, site, why):
+                    continue
+                updated = replace(updated, gone=why)
+            elif updated.ended:
+                ctx.log.info("job_runner.client_job_ended", job_id=entry.job_id, site=site,
+                             how=updated.ended)
+            entry = replace(entry, sites={**entry.sites, site: updated})
+        if entry != before:
+            ctx.runs.put(entry)
+            record_sites(ctx, entry)
 
-    def _tell_server_job(self, job_id: str, site: str, why: str) -> None:
+    def _tell_server_job(self, job_id: str, site: str, why: str) -> bool:
         try:
             self.ctx.bus.send(self.ctx.names.job_server_queue(job_id),
                               runner_pb2.SiteGone(job_id=job_id, site=site, reason=why))
         except FedhiveError as err:
             self.ctx.log.warning("job_runner.site_gone_not_sent", job_id=job_id, site=site,
                                  error=str(err))
+            return False
+        return True
 
     # every site -------------------------------------------------------------------------
-    def stray_jobs(self, running: set[str]) -> None:
+    def stray_jobs(self, running: set[str], live: dict[str, SiteHeartbeat]) -> None:
         """A site running a job that is over, or that fedhive never had, is told to abort."""
         now = time.monotonic()
-        for beat in self.ctx.state.live_sites():
+        for beat in live.values():
             for job_id in beat.running_job_ids:
                 if job_id in running or now - self._told.get((beat.site, job_id), -1e9) \
                         < ABORT_RESEND_S:

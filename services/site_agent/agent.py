@@ -4,6 +4,10 @@
 Every command is idempotent (a redelivered one returns the job as it is now) and runs under its
 job's lock, so two deliveries of the same command never overlap. Each change of a job is saved
 to its record file before the command returns (see `records`).
+
+When a client job's process ends, however it ends, its record gets the exit code, why it ended
+(its last words, else what its exit status and log tell) and a pending notice; `notice_due` is
+set, and `heartbeat.EndedNotices` publishes the notice until the broker confirmed it.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import subprocess
 import threading
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import structlog
@@ -19,6 +24,7 @@ from fedhive.config import child_environment
 from fedhive.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from fedhive.jobs.archive import UnsafeArchive
 from fedhive.jobs.validation import APP_NAME
+from fedhive.names import Names
 from fedhive.resources import CheckResult, SiteResources
 
 from . import bundle, process
@@ -26,12 +32,18 @@ from .config import SiteConfig
 from .records import (
     JobRecord,
     JobState,
+    LastWords,
     Workspace,
     check_job_id,
     now_ms,
+    one_line,
 )
 
 log = structlog.get_logger()
+
+GONE = "client job was gone when the site agent restarted"
+NOT_RESTORED = "client job stopped: the restarted site agent could not take its resources again"
+ADOPTED_POLL_S = 0.5  # how often the liveness of a re-adopted client job is checked
 
 Downloader = Callable[[str, str, int], bytes]  # (url, what, limit) -> body
 
@@ -39,6 +51,12 @@ Downloader = Callable[[str, str, int], bytes]  # (url, what, limit) -> body
 def _download(url: str, what: str, limit: int) -> bytes:
     body: bytes = bundle.download(url, what=what, limit=limit)
     return body
+
+
+def _abort_unfinished(record: JobRecord) -> bool:
+    """An ABORTED job whose client job was started but whose end was never recorded."""
+    return (record.state is JobState.ABORTED and record.pid > 0 and record.exit_code is None
+            and not record.exit_reason)
 
 
 class SiteAgent:
@@ -60,24 +78,31 @@ class SiteAgent:
         self._records: dict[str, JobRecord] = {}
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._watchers: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self.notice_due = threading.Event()  # set when a job's ended notice became pending
         self._log = log.bind(site=config.site)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def reconcile(self) -> list[JobRecord]:
-        """At start: no job may stay RUNNING or hold resources from before. A client job that
-        outlived a killed agent is stopped (its allocation died with the old agent's resource
-        manager, so its GPUs could be handed out again); every such job becomes LOST."""
+        """At start, from the records an earlier agent left. A RUNNING job whose client job
+        still lives (same pid and start time) is re-adopted: it stays RUNNING, its resources are
+        taken again under its token and a watcher waits for its end. One whose client job is
+        gone becomes LOST, and so does one whose resources cannot be taken again (its client job
+        is stopped: its GPUs could be handed out twice). An abort the earlier agent did not see
+        through is finished. Other jobs' allocations died with the earlier agent's resource
+        manager. Returns the records it changed."""
         self._ws.create()
         changed = []
+        adopted = []
         for record in self._ws.load_jobs():
             updated = record
             if record.state is JobState.RUNNING:
-                if process.alive(record.pid, record.pid_started):
-                    process.stop_group(record.pid, record.pid_started, self.config.abort_grace_s)
-                    reason = "client job stopped: the site agent restarted"
-                else:
-                    reason = "client job was gone when the site agent restarted"
-                updated = record.but(state=JobState.LOST, reason=reason, token="", allocation=None)
+                updated = self._recover(record)
+                if updated is record:
+                    adopted.append(record)
+            elif _abort_unfinished(record):  # the earlier agent died during the abort
+                process.stop_group(record.pid, record.pid_started, self.config.abort_grace_s)
+                updated = self._with_end(record.but(token="", allocation=None), None)
             elif record.allocation is not None:
                 updated = record.but(token="", allocation=None)
             if updated is not record:
@@ -85,16 +110,26 @@ class SiteAgent:
                 changed.append(updated)
                 self._log.warning("site_agent.reconciled", job_id=record.job_id,
                                   was=record.state.value, now=updated.state.value,
-                                  reason=updated.reason)
+                                  reason=updated.reason, exit_reason=updated.exit_reason)
             self._records[record.job_id] = updated
+        for record in adopted:
+            self._log.info("site_agent.readopted", job_id=record.job_id, pid=record.pid,
+                           resources=record.allocation)
+            self._watch_in_thread(record.job_id, partial(self._watch_adopted, record))
+        if any(r.notice_pending for r in self._records.values()):
+            self.notice_due.set()
         return changed
 
     def shutdown(self) -> None:
-        """Clean shutdown: abort running client jobs (none may outlive its agent)."""
+        """Clean shutdown: abort running client jobs (none may outlive its agent), wait for
+        their ends to be recorded."""
         for job_id in self.running_job_ids():
             self.abort(job_id, "the site agent shut down")
-        for watcher in list(self._watchers):
+        with self._lock:
+            watchers = list(self._watchers)
+        for watcher in watchers:
             watcher.join(timeout=self.config.abort_grace_s + 5)
+        self._stopping.set()
 
     # -- queries --------------------------------------------------------------------------------
     def jobs(self) -> list[JobRecord]:
@@ -106,6 +141,16 @@ class SiteAgent:
 
     def report_resources(self) -> dict[str, Any]:
         return self._manager.report_resources()
+
+    def pending_notices(self) -> list[JobRecord]:
+        """Jobs whose ended notice the broker has not confirmed yet."""
+        return [r for r in self.jobs() if r.notice_pending]
+
+    def notice_published(self, job_id: str) -> None:
+        with self._job(job_id):
+            record = self._get(job_id)
+            if record is not None and record.notice_pending:
+                self._save(record.but(notice_pending=False))
 
     # -- resources ------------------------------------------------------------------------------
     def check_resources(self, job_id: str, requirement: Mapping[str, Any]) -> CheckResult:
@@ -167,20 +212,25 @@ class SiteAgent:
                     f"job {job_id} is {record.state.value} on site {self.config.site}",
                     field="job_id",
                 )
+            if record is None or record.allocation is None:
+                raise FailedPrecondition(
+                    f"job {job_id} holds no resources on site {self.config.site}: only a job "
+                    f"allocated here is deployed", field="job_id")
+            what = f"the bundle of job {job_id}"
+            bundle.check_url(url, self.config.storage_url,
+                             Names(self.config.namespace).job_bundle_key(job_id, app_name), job_id)
             if bundle.expired(expires_at_ms, now_ms()):
                 raise bundle.expired_error(job_id, expires_at_ms)
-            what = f"the bundle of job {job_id}"
             data = self._download(url, what, self.config.max_bundle_bytes)
             try:
                 files = bundle.install(data, self._ws.app_dir(job_id), self.config.archive_limits)
             except UnsafeArchive as err:
                 raise UnsafeArchive([f"{what}: {v}" for v in err.violations],
                                     field=err.field) from None
-            record = record or JobRecord(job_id, JobState.DEPLOYED)
             self._log.info("site_agent.deployed", job_id=job_id, app=app_name, files=len(files))
             return self._save(record.but(state=JobState.DEPLOYED, app_name=app_name))
 
-    def start(self, job_id: str, server_queue: str) -> JobRecord:
+    def start(self, job_id: str) -> JobRecord:
         with self._job(check_job_id(job_id)):
             record = self._get(job_id)
             if record is None or not record.app_name:
@@ -196,10 +246,12 @@ class SiteAgent:
                     f"allocate_resources first", field="job_id",
                 )
             env = self._consumer.consume(record.allocation)
+            route = Names(self.config.namespace).job_site_route(job_id, self.config.site)
             args = ["--site-dir", str(self.config.site_dir), "--job-id", job_id,
-                    "--server-queue", server_queue]
+                    "--server-queue", route]
             for name in sorted(env):
                 args += ["--resource-env", name]
+            self._ws.last_words_file(job_id).unlink(missing_ok=True)  # only this run's count
             proc = process.spawn(
                 self.config.client_job_module, args, cwd=self._ws.app_dir(job_id),
                 env=child_environment(env), log_file=self._ws.log_file(job_id),
@@ -208,10 +260,7 @@ class SiteAgent:
                 state=JobState.RUNNING, pid=proc.pid, pid_started=process.start_time(proc.pid)
             ))
             self._procs[job_id] = proc
-            watcher = threading.Thread(target=self._watch, args=(job_id, proc),
-                                       name=f"client-job-{job_id}", daemon=True)
-            self._watchers.append(watcher)
-            watcher.start()
+            self._watch_in_thread(job_id, partial(self._watch, job_id, proc))
             self._log.info("site_agent.started", job_id=job_id, pid=proc.pid, env=env)
             return record
 
@@ -231,19 +280,77 @@ class SiteAgent:
                                    killed=killed, reason=record.reason)
             return self._release(record)
 
-    # -- internals ------------------------------------------------------------------------------
+    # -- client jobs' ends -----------------------------------------------------------------------
+    def _recover(self, record: JobRecord) -> JobRecord:
+        """A job RUNNING before the restart: the same record when it is re-adopted, else LOST
+        with its end recorded (the earlier manager's allocation is gone with it)."""
+        if not process.alive(record.pid, record.pid_started):
+            lost = record.but(state=JobState.LOST, reason=GONE, token="", allocation=None)
+            return self._with_end(lost, None)
+        try:
+            if record.allocation is not None:
+                self._manager.restore(record.token, record.allocation)
+        except Exception as err:  # a third-party manager may raise anything
+            process.stop_group(record.pid, record.pid_started, self.config.abort_grace_s)
+            lost = record.but(state=JobState.LOST, reason=one_line(f"{NOT_RESTORED}: {err}"),
+                              token="", allocation=None)
+            return self._with_end(lost, None)
+        return record
+
+    def _watch_in_thread(self, job_id: str, watch: Callable[[], None]) -> None:
+        watcher = threading.Thread(target=watch, name=f"client-job-{job_id}", daemon=True)
+        with self._lock:
+            self._watchers = [w for w in self._watchers if w.is_alive()]
+            self._watchers.append(watcher)
+        watcher.start()
+
     def _watch(self, job_id: str, proc: subprocess.Popen[bytes]) -> None:
-        code = proc.wait()
+        self._end(job_id, proc.wait())
+
+    def _watch_adopted(self, record: JobRecord) -> None:
+        """A client job that is not this agent's child: poll until it is gone."""
+        if process.wait_gone(record.pid, record.pid_started, self._stopping, ADOPTED_POLL_S):
+            self._end(record.job_id, None)
+
+    def _end(self, job_id: str, code: int | None) -> None:
+        """Record the end of the job's client job (`code`: its exit status, None when unknown)
+        and free what it held."""
         with self._job(job_id):
             self._procs.pop(job_id, None)
             record = self._get(job_id)
             assert record is not None
             if record.state is JobState.RUNNING:
                 record = record.but(state=JobState.FINISHED)
-            self._log.info("site_agent.client_job_exited", job_id=job_id, exit_code=code,
-                           state=record.state.value)
-            self._release(record.but(exit_code=code))
+            record = self._with_end(record, code)
+            self._log.info("site_agent.client_job_exited", job_id=job_id,
+                           exit_code=record.exit_code, state=record.state.value,
+                           exit_reason=record.exit_reason)
+            self._release(record)
+        self.notice_due.set()
 
+    def _with_end(self, record: JobRecord, code: int | None) -> JobRecord:
+        words = self._ws.load_last_words(record.job_id)
+        if code is None and words is not None:
+            code = words.exit_code
+        return record.but(exit_code=code, exit_reason=self._why(record.job_id, code, words),
+                          notice_pending=True)
+
+    def _why(self, job_id: str, code: int | None, words: LastWords | None) -> str:
+        """Why the client job ended, one line: its last words, else what its exit status (and,
+        for an error exit, the last line of its log) says."""
+        if words is not None:
+            if code is not None and code != words.exit_code:  # e.g. SIGKILL while finishing
+                return one_line(f"{words.reason}; then {process.describe_exit(code)}")
+            return words.reason
+        if code is None:
+            return ("it ended without last words while not the site agent's child: exit code "
+                    "unknown (killed by a signal?)")
+        why = process.describe_exit(code)
+        if code > 0 and (tail := self._ws.log_tail(job_id)):
+            why = f"{why}: {tail}"
+        return one_line(why)
+
+    # -- internals ------------------------------------------------------------------------------
     def _release(self, record: JobRecord) -> JobRecord:
         """Free what the record holds (if anything) and save it."""
         if record.allocation is not None:

@@ -1,5 +1,6 @@
-"""Deploying an app bundle: download it through its presigned URL (plain HTTP(S), no
-credentials), within a size limit, and unpack it safely, all or nothing.
+"""Deploying an app bundle: check that its presigned URL names the job's bundle at the
+deployment's own object store, download it (plain HTTP(S), no credentials) within a size limit,
+and unpack it safely, all or nothing.
 
 S3 failures are translated by `fedhive.blobs.failures` (an expired URL is `BlobAccessDenied`);
 the archive checks and the atomic extraction are `fedhive.jobs.archive`'s.
@@ -11,16 +12,34 @@ import http.client
 import shutil
 import ssl
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from fedhive.blobs.failures import parse_error_document, s3_failure
-from fedhive.errors import BlobAccessDenied, InvalidArgument, Unavailable
+from fedhive.errors import BlobAccessDenied, InvalidArgument, PermissionDenied, Unavailable
 from fedhive.jobs.archive import ArchiveLimits, UnsafeArchive, extract_archive
 from fedhive.retry import Backoff
 
 _ERROR_BODY_LIMIT = 64 * 1024
 _CHUNK = 1024 * 1024
 DOWNLOAD_RETRY = Backoff(base=0.2, cap=2.0, max_attempts=4)
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def check_url(url: str, storage_url: str, key: str, job_id: str) -> None:
+    """`url` must name the object `key` at `storage_url` (same scheme, host and port, the
+    storage URL's path then the key): PermissionDenied otherwise, naming the expected object."""
+    got, base = urlsplit(url), urlsplit(storage_url)
+    try:
+        origin = (got.scheme, got.hostname, got.port or _DEFAULT_PORTS.get(got.scheme))
+    except ValueError:  # a port that is not a number
+        origin = None
+    expected = (base.scheme, base.hostname, base.port or _DEFAULT_PORTS.get(base.scheme))
+    if origin != expected or got.username or got.password or got.fragment \
+            or unquote(got.path) != f"{base.path.rstrip('/')}/{key}":
+        raise PermissionDenied(f"deploy of job {job_id} refused: the bundle URL is not the "
+                               f"deployment's object {key} at {storage_url}", field="bundle_url")
 
 
 def download(

@@ -18,6 +18,10 @@
 SIGTERM (the agent's abort) sets the executors' abort event; the CJ gives the running task a
 moment to return, then dies by SIGTERM. Exit code 1 for any error that ends it (one line on
 stderr).
+
+Before it exits, however it exits (short of being killed), it writes its last words to
+`<workspace>/.agent/jobs/<job_id>.end.json`: its exit code and why it ended, one line. Its
+agent passes them on to the runner in the job's final `JobHeartbeat`.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from fedhive.sites.heartbeat import JobHeartbeat
 from fedhive.sites.serde import job_heartbeat_to_proto
 
 from .config import SiteConfig, agent_settings, load_site
-from .records import Workspace, check_job_id, now_ms, write_json
+from .records import LastWords, Workspace, check_job_id, now_ms, one_line, write_json
 
 # WorkerExit may go out while the server job is still starting (its queue not there yet).
 EXIT_NOTICE = Backoff(base=0.2, cap=2.0, max_attempts=None, deadline=30.0)
@@ -103,7 +107,7 @@ def report(job: ClientJob, args: argparse.Namespace, bus: RabbitBus) -> None:
 def run(args: argparse.Namespace) -> ClientJob:
     """Step 1 alone (the report), on a connection of its own."""
     job = prepare(args)
-    bus = RabbitBus(job.settings, name=f"client-job.{job.job_id}", sign=True)
+    bus = RabbitBus(job.settings, name=f"client-job.{job.job_id}", site=True)
     try:
         report(job, args, bus)
     finally:
@@ -171,26 +175,45 @@ def _exit_notice(job: ClientJob, bus: RabbitBus, error: str) -> None:
         job.log.warning("client_job.exit_notice_failed", error=str(err))
 
 
+def last_words(job: ClientJob | None, exit_code: int, reason: str) -> None:
+    """Leave the agent `exit_code` and `reason`; without a job (its site folder unreadable)
+    there is nowhere to: the agent falls back on the exit status and the log."""
+    if job is None:
+        return
+    words = LastWords(exit_code, one_line(reason))
+    try:
+        Workspace(job.config.workspace).save_last_words(job.job_id, words)
+    except OSError as err:
+        job.log.warning("client_job.last_words_failed", error=str(err))
+
+
 def main(argv: list[str] | None = None) -> None:
     bound_heap()  # before any thread: see fedhive.heap
     abort = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: abort.set())
     args = parse_args(argv)
+    job: ClientJob | None = None
     bus: RabbitBus | None = None
     try:
         job = prepare(args)
-        bus = RabbitBus(job.settings, name=f"client-job.{job.job_id}", sign=True)
+        bus = RabbitBus(job.settings, name=f"client-job.{job.job_id}", site=True)
         report(job, args, bus)
         ended = work(job, bus, abort)
     except (FedhiveError, ComponentError) as err:
+        last_words(job, 1, str(err))
         print(f"fedhive-client-job: {err}", file=sys.stderr)
         if bus is not None:
             bus.close()
         sys.exit(1)
+    except Exception as err:  # a bug: its traceback goes to the log, its last line to the runner
+        last_words(job, 1, f"{type(err).__name__}: {err}")
+        raise
     if not ended:  # stopped: end as SIGTERM would have, the running task given its moment
+        last_words(job, -signal.SIGTERM, "stopped by SIGTERM, its running task given a moment")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
     bus.close()
+    last_words(job, 0, "the server job ended the run")
     job.log.info("client_job.ended")
     sys.exit(0)
 

@@ -6,14 +6,27 @@
     {
       "site": "hospital-a",                  required; becomes the control queue's name
       "org": "Hospital A",                   optional, ""
-      "broker_url": "amqps://hospital-a:SECRET@broker.example.org:5671/%2F",  required
+      "broker_url": "amqps://fedhive.hospital-a:SECRET@broker.example.org:5671/%2F",  required;
+                                             its user must be the site's broker user,
+                                             <namespace>.<site>
       "namespace": "fedhive",                optional, "fedhive"
+      "services_user": "fedhive-services",   optional, "<namespace>-services": the broker user
+                                             of the services; the agent takes commands from it
+                                             only
+      "storage_url": "https://s3.example.org/fedhive",  required: the deployment's object
+                                             store as presigned URLs name it (endpoint and, path
+                                             style, bucket); app bundles come from under it only
       "heartbeat_interval_s": 5,             optional, 5
       "workspace": "workspace",              optional, <site folder>/workspace (relative to it)
       "abort_grace_s": 10,                   optional, 10: SIGTERM, then SIGKILL after this
       "max_bundle_mib": 256,                 optional, 256: largest app bundle accepted
       "client_job_module": "fedhive_services.site_agent.client_job"  optional: what `start` runs
     }
+
+Trust: the agent runs only what the deployment's services send it. Its control queue takes
+messages from `services_user` alone (RabbitMQ verifies the sender), and a deploy must name the
+bundle of a job that holds resources here, at the deployment's own object store
+(`storage_url`): a forged command cannot make it fetch and run code from anywhere else.
 
 How settings combine: the process's `Settings.from_env()` gives only the log level; the broker
 URL and namespace come from site.json (`agent_settings`), and every Redis/S3 credential is
@@ -28,19 +41,23 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+import pika
 
 from fedhive.config import Settings
 from fedhive.errors import ConfigError
 from fedhive.jobs.archive import STORED, ArchiveLimits, MiB
 from fedhive.jobs.validation import site_name_problem
+from fedhive.names import Names
 from fedhive.resources import SiteResources, load_resources
 
 SITE_FILE = "local/site.json"
 RESOURCES_FILE = "local/resources.json"
 CLIENT_JOB_MODULE = "fedhive_services.site_agent.client_job"
 _KNOWN = (
-    "site", "org", "broker_url", "namespace", "heartbeat_interval_s", "workspace",
-    "abort_grace_s", "max_bundle_mib", "client_job_module",
+    "site", "org", "broker_url", "namespace", "services_user", "storage_url",
+    "heartbeat_interval_s", "workspace", "abort_grace_s", "max_bundle_mib", "client_job_module",
 )
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -50,8 +67,10 @@ class SiteConfig:
     site_dir: Path
     site: str
     broker_url: str = field(repr=False)  # carries the site's broker password
+    storage_url: str
     org: str = ""
     namespace: str = "fedhive"
+    services_user: str = "fedhive-services"
     heartbeat_interval_s: float = 5.0
     workspace: Path = Path("workspace")
     abort_grace_s: float = 10.0
@@ -89,6 +108,12 @@ def load_site(site_dir: Path) -> SiteConfig:
         name = "broker_url" if err.field == "FEDHIVE_AMQP_URL" else "namespace"
         message = err.message.replace(err.field or name, name)
         raise ConfigError(f"{path}: {message}", field=name) from None
+    user = pika.URLParameters(broker_url).credentials.username
+    if user != Names(namespace).site_user(str(site)):
+        raise ConfigError(f"{path}: field 'broker_url': its user {user!r} is not the broker user "
+                          f"of site {site!r} in namespace {namespace!r} "
+                          f"({Names(namespace).site_user(str(site))!r})", field="broker_url")
+    storage_url = _storage_url(path, fields.text("storage_url", None))
     workspace = Path(fields.text("workspace", "workspace"))
     module = fields.text("client_job_module", CLIENT_JOB_MODULE)
     if not _MODULE.match(module):
@@ -98,14 +123,26 @@ def load_site(site_dir: Path) -> SiteConfig:
         site_dir=site_dir,
         site=str(site),
         broker_url=broker_url,
+        storage_url=storage_url,
         org=fields.text("org", ""),
         namespace=namespace,
+        services_user=fields.text("services_user", f"{namespace}-services"),
         heartbeat_interval_s=fields.seconds("heartbeat_interval_s", 5.0),
         workspace=workspace if workspace.is_absolute() else site_dir / workspace,
         abort_grace_s=fields.seconds("abort_grace_s", 10.0),
         max_bundle_bytes=int(fields.seconds("max_bundle_mib", 256) * MiB),
         client_job_module=module,
     )
+
+
+def _storage_url(path: Path, value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query \
+            or parts.fragment or parts.username or parts.password:
+        raise ConfigError(f"{path}: field 'storage_url': {value[:200]!r} is not an http(s) URL "
+                          "of the deployment's object store (e.g. https://s3.example.org/fedhive)",
+                          field="storage_url")
+    return value.rstrip("/")
 
 
 def load_site_resources(config: SiteConfig) -> SiteResources:

@@ -120,7 +120,7 @@ def make_handler(agent: SiteAgent, on_contact: Callable[[], None]) -> Handler:
             return site_job(agent.deploy(message.job_id, message.app_name, message.bundle_url,
                                          message.bundle_url_expires_at_ms))
         if isinstance(message, site_pb2.StartRequest):
-            return site_job(agent.start(message.job_id, message.server_queue))
+            return site_job(agent.start(message.job_id))
         if isinstance(message, site_pb2.AbortRequest):
             return site_job(agent.abort(message.job_id, message.reason))
         if isinstance(message, site_pb2.ListSiteJobsRequest):

@@ -4,9 +4,11 @@
     fedhive-site-agent status --site-dir DIR [--json] the site's jobs, from its own files
 
 The composition root: the site folder gives the site's config and resources (a bad file stops
-the start with one line naming file and field, exit 2), the agent reconciles its workspace,
-then serves its control queue `{ns}.site.<site>` and heartbeats. A clean shutdown stops
-consuming, aborts running client jobs, announces `offline` and closes the bus.
+the start with one line naming file and field, exit 2), the agent reconciles its workspace
+(re-adopting the client jobs that outlived an earlier agent), then serves its control queue
+`{ns}.site.<site>`, heartbeats and publishes ended client jobs' notices. A clean shutdown stops
+consuming, aborts running client jobs, publishes their notices, announces `offline` and closes
+the bus.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fedhive.bus import RabbitBus, Subscription
+from fedhive.bus import RabbitBus, Senders, Subscription
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError
 from fedhive.names import Names
@@ -29,7 +31,7 @@ from . import process
 from .agent import SiteAgent
 from .config import agent_settings, load_site, load_site_resources
 from .handlers import ACCEPTS, make_handler
-from .heartbeat import Heartbeats
+from .heartbeat import EndedNotices, Heartbeats
 from .records import AgentInfo, Workspace, now_ms
 from .status import render, site_status
 
@@ -54,13 +56,17 @@ class RunningAgent:
         )
         workspace.save_agent(self._info)
         self._heartbeats = Heartbeats(agent, bus)
+        self._notices = EndedNotices(agent, bus)
         self._control: Subscription | None = None
 
     def start(self) -> None:
         queue = Names(self.agent.config.namespace).site_queue(self.agent.config.site)
         handler = make_handler(self.agent, self._contact)
-        self._control = self._bus.serve(queue, handler, ACCEPTS, concurrency=CONCURRENCY)
+        self._control = self._bus.serve(
+            queue, handler, ACCEPTS, concurrency=CONCURRENCY,
+            senders=Senders.only(self.agent.config.services_user))
         self._heartbeats.start()
+        self._notices.start()
 
     def _contact(self) -> None:
         self._info = replace(self._info, last_server_contact_ms=now_ms())
@@ -70,6 +76,7 @@ class RunningAgent:
         if self._control is not None:
             self._control.stop()
         self.agent.shutdown()
+        self._notices.stop()
         self._heartbeats.stop()
         self._bus.close()
 
@@ -80,7 +87,7 @@ def build_agent(site_dir: Path, settings: Settings, log: Any) -> RunningAgent:
     workspace = Workspace(config.workspace)
     agent = SiteAgent(config, resources, workspace)
     agent.reconcile()
-    bus = RabbitBus(agent_settings(settings, config), name=f"{SERVICE}.{config.site}", sign=True)
+    bus = RabbitBus(agent_settings(settings, config), name=f"{SERVICE}.{config.site}", site=True)
     try:
         running = RunningAgent(agent, bus, workspace)
         running.start()

@@ -1,5 +1,6 @@
 """Client-job processes: spawn one in its own process group, tell whether a recorded one still
-lives, and stop one (SIGTERM to its group, SIGKILL after a grace period).
+lives, wait for one that is not our child to end, stop one (SIGTERM to its group, SIGKILL after
+a grace period), and say how one ended.
 
 A pid alone does not identify a process across an agent restart (pids are reused), so the agent
 records the process's start time too (`/proc/<pid>/stat` field 22 on Linux) and only treats a
@@ -13,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -74,6 +76,29 @@ def alive(pid: int, started: int | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def wait_gone(pid: int, started: int | None, stop: threading.Event, poll: float) -> bool:
+    """Wait until the process recorded as (`pid`, `started`) is gone: True; False when `stop`
+    is set first. For a process that is not our child (one that outlived an earlier agent),
+    which `wait()` cannot wait for: its liveness is polled every `poll` seconds."""
+    while alive(pid, started):
+        if stop.wait(poll):
+            return False
+    return True
+
+
+def describe_exit(code: int) -> str:
+    """How a process that left no word of its own ended, from its exit status (-N: signal N)."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = "unknown signal"
+    if -code == signal.SIGKILL:
+        name += ": the OOM killer, or killed by hand?"
+    return f"killed by signal {-code} ({name})"
 
 
 def stop_group(pid: int, started: int | None, grace: float, *, poll: float = 0.05) -> bool:

@@ -5,6 +5,7 @@
     <workspace>/.agent/jobs/<job_id>.json one job's record
     <workspace>/.agent/jobs/<job_id>.log  the client job's stdout and stderr
     <workspace>/.agent/jobs/<job_id>.cj.json  what the client job reported about itself
+    <workspace>/.agent/jobs/<job_id>.end.json its last words: exit code and why it ended
 
 Every file is written whole to a temporary name and renamed into place, so a reader (the
 `status` command, an agent restarted after SIGKILL) sees the old or the new version, never half.
@@ -27,6 +28,8 @@ from fedhive.errors import InvalidArgument
 # Job ids become folder and file names: no '/', no leading '.', no ':'.
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 AGENT_DIR = ".agent"
+MAX_REASON = 500  # characters of a one-line reason (the JobHeartbeat goes to every runner)
+_LOG_TAIL_BYTES = 4096
 
 
 class JobState(StrEnum):
@@ -35,7 +38,7 @@ class JobState(StrEnum):
     RUNNING = "RUNNING"
     FINISHED = "FINISHED"  # the client job exited on its own
     ABORTED = "ABORTED"
-    LOST = "LOST"  # the agent restarted and found its client job gone (or stopped it)
+    LOST = "LOST"  # the agent restarted and found its client job gone (or had to stop it)
 
     @property
     def final(self) -> bool:
@@ -51,8 +54,10 @@ class JobRecord:
     allocation: dict[str, Any] | None = None  # None: nothing held
     pid: int = 0
     pid_started: int | None = None  # the process's start time, to tell a reused pid apart
-    exit_code: int | None = None
-    reason: str = ""
+    exit_code: int | None = None  # None: not ended, or ended while not the agent's child
+    reason: str = ""  # why the agent changed its state (an abort's reason, LOST's)
+    exit_reason: str = ""  # why its client job's process ended, one line
+    notice_pending: bool = False  # its ended JobHeartbeat is not yet confirmed by the broker
     updated_at_ms: int = field(default_factory=lambda: now_ms())
 
     def but(self, **changes: Any) -> JobRecord:
@@ -64,6 +69,16 @@ class JobRecord:
     @classmethod
     def from_json(cls, values: dict[str, Any]) -> JobRecord:
         return cls(**{**values, "state": JobState(values["state"])})
+
+
+@dataclass(frozen=True)
+class LastWords:
+    """What a client job writes just before it exits, for its agent to pass on: its exit code
+    (-N when it ends itself by signal N) and why it ended, one line."""
+
+    exit_code: int
+    reason: str
+    at_ms: int = field(default_factory=lambda: now_ms())
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,12 @@ def job_id_problem(job_id: str) -> str | None:
     if not JOB_ID.match(job_id):
         return f"invalid job id {job_id!r} (letters, digits, '-', '_'; at most 128)"
     return None
+
+
+def one_line(text: str, limit: int = MAX_REASON) -> str:
+    """`text` on one line (whitespace runs made one space), cut to `limit` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def check_job_id(job_id: str) -> str:
@@ -114,6 +135,9 @@ class Workspace:
     def report_file(self, job_id: str) -> Path:
         return self.jobs_dir / f"{job_id}.cj.json"
 
+    def last_words_file(self, job_id: str) -> Path:
+        return self.jobs_dir / f"{job_id}.end.json"
+
     @property
     def agent_file(self) -> Path:
         return self.agent_dir / "agent.json"
@@ -126,10 +150,34 @@ class Workspace:
             return []
         records = []
         for path in sorted(self.jobs_dir.glob("*.json")):
-            if path.name.endswith(".cj.json") or job_id_problem(path.stem) is not None:
+            if job_id_problem(path.stem) is not None:  # <job>.cj.json, <job>.end.json
                 continue
             records.append(JobRecord.from_json(read_json(path)))
         return records
+
+    def save_last_words(self, job_id: str, words: LastWords) -> None:
+        write_json(self.last_words_file(job_id), asdict(words))
+
+    def load_last_words(self, job_id: str) -> LastWords | None:
+        """The client job's last words; None when it wrote none (killed, or crashed before it
+        knew its workspace) or they cannot be read."""
+        try:
+            values = read_json(self.last_words_file(job_id))
+            return LastWords(int(values["exit_code"]), one_line(str(values["reason"])),
+                             int(values.get("at_ms", 0)))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def log_tail(self, job_id: str) -> str:
+        """The last non-empty line the client job wrote to its log ("" for none): the error
+        of one that died before it could write its last words."""
+        try:
+            with self.log_file(job_id).open("rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
+                lines = log.read().decode("utf-8", errors="replace").splitlines()
+        except OSError:
+            return ""
+        return next((one_line(line) for line in reversed(lines) if line.strip()), "")
 
     def save_agent(self, info: AgentInfo) -> None:
         write_json(self.agent_file, asdict(info))

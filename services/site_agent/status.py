@@ -4,6 +4,7 @@ every job with its state, allocation and client-job process.
 
 A job recorded RUNNING whose client-job process is gone (the agent was killed before it could
 notice) is shown as LOST, as the agent will record it when it restarts: never a phantom job.
+One whose client job still runs stays RUNNING: a restarted agent re-adopts it.
 """
 
 from __future__ import annotations
@@ -99,7 +100,10 @@ def render(status: SiteStatus, now: int | None = None) -> str:
     lines.append("")
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
               for row in rows]
-    lines += [f"  {job['job_id']}: {job['reason']}" for job in status.jobs if job["reason"]]
+    for job in status.jobs:
+        pending = "its end is not yet reported to the server" if job["notice_pending"] else ""
+        if why := "; ".join(filter(None, [job["reason"], job["exit_reason"], pending])):
+            lines.append(f"  {job['job_id']}: {why}")
     return "\n".join(lines)
 
 

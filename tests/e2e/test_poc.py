@@ -1,10 +1,9 @@
 """`fedhive poc start|status|stop` and `fedhive demo` as a user runs them: the real command
 in a subprocess, on the local RabbitMQ and Redis, with an embedded SeaweedFS.
 
-Each test has its own POC folder (tmp), namespace and site names (`p<run>-1` ...: broker users
-are global to the vhost, so names shared with another test session would rotate each other's
-passwords). Teardown stops whatever is left and deletes the namespace's queues and Redis keys
-and the broker users.
+Each test has its own POC folder (tmp), namespace (and so broker users, `<namespace>.<site>`)
+and site names. Teardown stops whatever is left and deletes the namespace's queues and Redis
+keys and the broker users.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import psutil
 import pytest
 
 from fedhive.brokerusers import delete_users
+from fedhive.names import Names
 from fedhive.poc import compose
 from fedhive.poc.layout import MARKER
 from fedhive.poc.procs import stop_marked
@@ -49,6 +49,11 @@ class Poc:
     def options(self) -> list[str]:
         return ["--dir", str(self.root), "--port", str(self.port), "--namespace",
                 self.namespace, "--site-prefix", self.sites[0][:-1]]
+
+    @property
+    def users(self) -> list[str]:
+        """The sites' broker users."""
+        return [Names(self.namespace).site_user(site) for site in self.sites]
 
     def run(self, *args: str, timeout: float = 150,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -88,7 +93,7 @@ def poc(tmp_path: Path, amqp_url: str, redis_url: str,
     finally:
         poc.run("poc", "stop", "--dir", str(poc.root))
         stop_marked(poc.root.resolve(), grace=3)
-        delete_users(poc.sites, CTL)
+        delete_users(poc.users, CTL)
         Broker(amqp_url, poc.namespace).delete_all()
         delete_redis_namespace(redis_url, poc.namespace)
 
@@ -135,7 +140,7 @@ def test_start_status_stop_leaves_no_process(poc: Poc) -> None:
     assert names == [*(["seaweedfs"] if weed_binary() else []), "job-store", "scheduler",
                      "job-runner", "gateway", *(f"site-{site}" for site in poc.sites)]
     assert all(running(e["pid"], e["create_time"]) for e in state["processes"])
-    assert set(state["broker_users"]) == set(poc.sites) <= broker_users()
+    assert set(state["broker_users"]) == set(poc.users) <= broker_users()
 
     status = poc.run("poc", "status", "--dir", str(poc.root), "--json")
     assert status.returncode == 0, status.stdout
@@ -158,7 +163,7 @@ def test_start_status_stop_leaves_no_process(poc: Poc) -> None:
     assert stopped.stdout.startswith(f"Stopped {len(names)} process(es)")
     assert not [e["name"] for e in state["processes"] if running(e["pid"], e["create_time"])]
     assert leftovers(root) == []
-    assert not set(poc.sites) & broker_users()
+    assert not set(poc.users) & broker_users()
     assert not (poc.root / "state.json").exists()
     after = poc.run("poc", "status", "--dir", str(poc.root))
     assert after.returncode == 1 and "No POC is running" in after.stdout
@@ -183,7 +188,7 @@ def test_a_taken_port_fails_cleanly_with_one_line(poc: Poc, command: tuple[str, 
         "there, or pass --port with a free port"]
     assert leftovers(poc.root.resolve()) == []
     assert not (poc.root / "state.json").exists()
-    assert not set(poc.sites) & broker_users()
+    assert not set(poc.users) & broker_users()
 
 
 @pytest.mark.slow
@@ -211,4 +216,4 @@ def test_demo_runs_both_examples_and_stops_everything(poc: Poc, tmp_path: Path) 
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in results.glob("*/curve.png"))
     assert leftovers(poc.root.resolve()) == []
     assert not (poc.root / "state.json").exists()
-    assert not set(poc.sites) & broker_users()
+    assert not set(poc.users) & broker_users()

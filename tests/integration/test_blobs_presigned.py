@@ -12,6 +12,7 @@ import numpy.typing as npt
 import pytest
 
 from fedhive.blobs import (
+    WRITE_ONCE_HEADERS,
     BlobLocation,
     BlobStore,
     PresignedFetcher,
@@ -135,6 +136,29 @@ def test_single_put_through_the_uploader(
     uploader.put(blob_store.presign_put(key, 60).url, key, [b"one ", memoryview(b"object")])
     assert blob_store.get(key) == b"one object"
     assert uploader.bytes_sent == 10
+    uploader.close()
+
+
+def test_a_write_once_put_url_writes_its_key_once(
+    blob_store: BlobStore, blob_prefix: str, uploader: PresignedUploader
+) -> None:
+    key = blob_prefix + "once"
+    url = blob_store.presign_put(key, 60, write_once=True).url
+    with pytest.raises(BlobAccessDenied, match="signature does not match"):
+        uploader.put(url, key, b"no header")  # the condition is signed: it cannot be dropped
+    assert not blob_store.exists(key)
+    uploader.put(url, key, b"first", headers=WRITE_ONCE_HEADERS)
+    uploader.put(url, key, b"first", headers=WRITE_ONCE_HEADERS)  # a retry: 412, taken as done
+    uploader.put(url, key, b"other", headers=WRITE_ONCE_HEADERS)  # nor can it write another
+    assert blob_store.get(key) == b"first"
+    assert uploader.bytes_sent == 5
+    with pytest.raises(BlobAccessDenied):
+        uploader.put(url, key, b"other")
+    assert blob_store.get(key) == b"first"
+
+    # without write_once, a presigned PUT may overwrite
+    uploader.put(blob_store.presign_put(key, 60).url, key, b"again")
+    assert blob_store.get(key) == b"again"
     uploader.close()
 
 

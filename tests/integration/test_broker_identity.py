@@ -7,6 +7,7 @@ import json
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,14 +17,14 @@ import pika.exceptions
 import pytest
 from google.protobuf.message import Message
 
-from fedhive.bus import Delivery, RabbitBus
+from fedhive.bus import Delivery, RabbitBus, Senders
 from fedhive.bus.publisher import properties
 from fedhive.config import Settings
-from fedhive.errors import Unavailable
 from fedhive.names import Names
 from fedhive.proto.v1 import site_pb2
 from tests.fixtures.bus import Broker
 from tests.fixtures.infra import RUN_ID, wait_for
+from tests.fixtures.site_probes import run_probes
 from tests.fixtures.sites import CTL, SCRIPT, collect, load_broker_users, with_user
 
 
@@ -40,12 +41,12 @@ def namespace() -> str:
 @pytest.fixture(scope="module")
 def sites(amqp_url: str, namespace: str) -> Iterator[dict[str, Settings]]:
     broker_users = load_broker_users()
-    users = broker_users.plan(namespace, [f"{namespace}-a", f"{namespace}-b"],
-                              f"{namespace}-svc")
-    broker_users.create_users(users, pika.URLParameters(amqp_url).virtual_host, CTL)
+    users = broker_users.plan(namespace, ["a", "b"], f"{namespace}-svc")
+    broker_users.create_users(users, pika.URLParameters(amqp_url).virtual_host, CTL,
+                              namespace=namespace)
     yield {
-        u.name: Settings(amqp_url=with_user(amqp_url, u.name, u.password), namespace=namespace)
-        for u in users
+        key: Settings(amqp_url=with_user(amqp_url, u.name, u.password), namespace=namespace)
+        for key, u in zip(["a", "b", f"{namespace}-svc"], users, strict=True)
     }
     broker_users.delete_users([u.name for u in users], CTL)
     Broker(amqp_url, namespace).delete_all()
@@ -58,24 +59,27 @@ def open_channel(settings: Settings) -> Any:
 def test_a_site_runs_its_own_queue_and_publishes_its_own_events(
     sites: dict[str, Settings], namespace: str
 ) -> None:
-    a, svc = f"{namespace}-a", f"{namespace}-svc"
+    a, svc = "a", f"{namespace}-svc"
     names = Names(namespace)
-    services = RabbitBus(sites[svc], name="services", sign=True)
-    site = RabbitBus(sites[a], name="site-a", sign=True)
+    services = RabbitBus(sites[svc], name="services")
+    site = RabbitBus(sites[a], name="site-a", site=True)
     seen: list[tuple[str, Any]] = []
     try:
-        services.subscribe("watch", ["site.*.*"], collect(seen), [site_pb2.SiteHeartbeat])
-        site.serve(names.site_queue(a), reply_jobs, [site_pb2.ListSiteJobsRequest])
-        # a service calls the site; the site's reply goes back through direct reply-to
+        services.subscribe("watch", ["site.*.*"], collect(seen), [site_pb2.SiteHeartbeat],
+                           senders=Senders.any_site(names))
+        site.serve(names.site_queue(a), reply_jobs, [site_pb2.ListSiteJobsRequest],
+                   senders=Senders.only(svc))
+        # a service calls the site; the site answers through the replies exchange
         reply = services.call(names.site_queue(a), site_pb2.ListSiteJobsRequest(),
                               site_pb2.ListSiteJobsReply, timeout=10)
         assert [job.job_id for job in reply.jobs] == [svc]  # the services user signed it
-        # the site calls a job's server queue (task traffic) and gets an answer
+        # the site calls a job's server queue on its own key and gets an answer
         services.serve(names.job_server_queue("job-1"), reply_jobs,
-                       [site_pb2.ListSiteJobsRequest])
-        reply = site.call(names.job_server_queue("job-1"), site_pb2.ListSiteJobsRequest(),
+                       [site_pb2.ListSiteJobsRequest], senders=Senders.only(names.site_user(a)),
+                       binding_keys=[names.job_site_route("job-1", a)])
+        reply = site.call(names.job_site_route("job-1", a), site_pb2.ListSiteJobsRequest(),
                           site_pb2.ListSiteJobsReply, timeout=10)
-        assert [job.job_id for job in reply.jobs] == [a]
+        assert [job.job_id for job in reply.jobs] == [names.site_user(a)]
         site.publish_event(Names.site_event(a, "heartbeat"), site_pb2.SiteHeartbeat(site=a))
         wait_for(lambda: seen, timeout=10, what="the site's heartbeat")
         assert seen[0][0] == f"site.{a}.heartbeat"
@@ -84,68 +88,60 @@ def test_a_site_runs_its_own_queue_and_publishes_its_own_events(
         services.close()
 
 
-def test_a_site_cannot_consume_another_sites_queue(
+def test_every_probe_with_a_sites_credentials_is_refused(
     sites: dict[str, Settings], namespace: str
 ) -> None:
-    a, b = f"{namespace}-a", f"{namespace}-b"
-    site_b = RabbitBus(sites[b], name="site-b")
-    site_b.serve(Names(namespace).site_queue(b), reply_jobs, [site_pb2.ListSiteJobsRequest])
-    channel = open_channel(sites[a])
-    try:
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
-            channel.basic_consume(Names(namespace).site_queue(b), lambda *_: None)
-        assert err.value.reply_code == 403  # ACCESS_REFUSED
-        channel = channel.connection.channel()
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:  # nor bind B's key
-            channel.queue_bind(Names(namespace).site_queue(a), Names(namespace).cmd_exchange,
-                               routing_key=Names(namespace).site_queue(b))
-        assert err.value.reply_code == 403
+    """The attacks of a job's code holding its site's broker credentials (issue #16): each is
+    refused by the broker, whatever the services would have done with it."""
+    names = Names(namespace)
+    services = RabbitBus(sites[f"{namespace}-svc"], name="services")
+    try:  # what the probes aim at exists, so a refusal is the permissions', not a 404
+        for queue in (names.service_queue("job-store"), names.service_queue("job-runner"),
+                      names.site_queue("b")):
+            services.declare_queue(queue)
+        results = run_probes(sites["a"].amqp_url, namespace, "a", "b")
     finally:
-        channel.connection.close()
-        site_b.close()
+        services.close()
+    assert len(results) >= 30
+    allowed = [r.name for r in results if r.allowed]
+    assert allowed == []
+    outcomes = {r.name: r.outcome for r in results}
+    assert outcomes["task traffic to a job it does not run (command exchange)"] == "unroutable"
+    assert outcomes["publish with another user's user_id"].startswith("406")
+    others = {name: outcome for name, outcome in outcomes.items()
+              if name not in ("task traffic to a job it does not run (command exchange)",
+                              "publish with another user's user_id")}
+    assert {o.split()[0] for o in others.values()} == {"403"}, others
 
 
-@pytest.mark.parametrize("routing_key", ["site.{b}.heartbeat", "site.online", "site.offline",
-                                         "job.status.RUNNING"])
-def test_a_site_cannot_publish_events_for_others(
-    sites: dict[str, Settings], namespace: str, routing_key: str
+def test_a_site_of_one_namespace_reaches_nothing_of_another(
+    sites: dict[str, Settings], namespace: str, amqp_url: str
 ) -> None:
-    a, b = f"{namespace}-a", f"{namespace}-b"
-    site = RabbitBus(sites[a], name="site-a", sign=True)
+    """Two deployments on one broker with the same site names: each site has its own user
+    (`<namespace>.<site>`), with rights in its own namespace only."""
+    broker_users = load_broker_users()
+    other_ns = f"{namespace}-two"
+    users = broker_users.plan(other_ns, ["a"], None)
+    broker_users.create_users(users, pika.URLParameters(amqp_url).virtual_host, CTL,
+                              namespace=other_ns)
     try:
-        with pytest.raises(Unavailable, match="ACCESS_REFUSED"):
-            site.publish_event(routing_key.format(b=b), site_pb2.SiteHeartbeat(site=b))
+        assert users[0].name == f"{other_ns}.a" != Names(namespace).site_user("a")
+        other_a = Settings(amqp_url=with_user(amqp_url, users[0].name, users[0].password),
+                           namespace=other_ns)
+        mine, theirs = (RabbitBus(s, name="site-a", site=True) for s in (sites["a"], other_a))
+        try:  # both serve "their" site-a queue side by side
+            served = [bus.serve(Names(s.namespace).site_queue("a"), reply_jobs,
+                                [site_pb2.ListSiteJobsRequest])
+                      for bus, s in ((mine, sites["a"]), (theirs, other_a))]
+            assert all(consumer.consuming for consumer in served)
+        finally:
+            mine.close()
+            theirs.close()
+        results = run_probes(other_a.amqp_url, namespace, "a", "b")  # at the first namespace
+        assert [r.name for r in results if r.allowed] == []
     finally:
-        site.close()
-
-
-def test_a_site_cannot_send_commands_to_services(
-    sites: dict[str, Settings], namespace: str
-) -> None:
-    a = f"{namespace}-a"
-    site = RabbitBus(sites[a], name="site-a", sign=True)
-    try:
-        with pytest.raises(Unavailable, match="ACCESS_REFUSED"):
-            site.send(Names(namespace).service_queue("job-store"), site_pb2.SiteHeartbeat())
-    finally:
-        site.close()
-
-
-def test_the_broker_refuses_a_user_id_that_is_not_the_connections_user(
-    sites: dict[str, Settings], namespace: str
-) -> None:
-    a, b = f"{namespace}-a", f"{namespace}-b"
-    channel = open_channel(sites[a])
-    try:
-        channel.confirm_delivery()
-        channel.exchange_declare(Names(namespace).events_exchange, "topic", durable=True)
-        message = site_pb2.SiteHeartbeat(site=a)
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
-            channel.basic_publish(Names(namespace).events_exchange, f"site.{a}.heartbeat",
-                                  message.SerializeToString(), properties(message, user_id=b))
-        assert err.value.reply_code == 406  # PRECONDITION_FAILED: user_id != connection user
-    finally:
-        channel.connection.close()
+        broker_users.delete_users([u.name for u in users], CTL)
+        Broker(amqp_url, other_ns).delete_all()
 
 
 def test_script_writes_credentials_0600_and_deletes_users(
@@ -160,12 +156,13 @@ def test_script_writes_credentials_0600_and_deletes_users(
         assert done.returncode == 0, done.stderr
         assert stat.S_IMODE(credentials.stat().st_mode) == 0o600
         passwords = json.loads(credentials.read_text())
-        assert list(passwords) == [site] and len(passwords[site]) >= 24
-        assert passwords[site] not in done.stdout
-        url = with_user(amqp_url, site, passwords[site])
+        user = Names(namespace).site_user(site)
+        assert list(passwords) == [user] and len(passwords[user]) >= 24
+        assert passwords[user] not in done.stdout
+        url = with_user(amqp_url, user, passwords[user])
         pika.BlockingConnection(pika.URLParameters(url)).close()  # the user exists
     finally:
-        subprocess.run([*run, "delete", site], capture_output=True, check=True)
+        subprocess.run([*run, "delete", user], capture_output=True, check=True)
     with pytest.raises(pika.exceptions.ProbableAuthenticationError):
         pika.BlockingConnection(pika.URLParameters(url))
 
@@ -179,3 +176,45 @@ def test_script_refuses_a_bad_site_name(tmp_path: Path) -> None:
         "or '-'"
     ]
     assert not (tmp_path / "c.json").exists()
+
+
+def test_a_services_call_takes_its_reply_only_from_the_site_it_asked(
+    sites: dict[str, Settings], namespace: str
+) -> None:
+    """Site a learns a pending call to site b (reply address and correlation id) and answers
+    it first: the caller ignores the forged reply and takes b's."""
+    names = Names(namespace)
+    services = RabbitBus(sites[f"{namespace}-svc"], name="services")
+    services.declare_queue(names.site_queue("b"))
+    result: list[Any] = []
+    caller = threading.Thread(target=lambda: result.append(services.call(
+        names.site_queue("b"), site_pb2.ListSiteJobsRequest(), site_pb2.ListSiteJobsReply,
+        timeout=20)))
+    caller.start()
+    try:
+        request = wait_for(lambda: _take(sites[f"{namespace}-svc"], names.site_queue("b")),
+                           what="the request to b")
+        for site, job in (("a", "forged"), ("b", "real")):
+            reply = site_pb2.ListSiteJobsReply(jobs=[site_pb2.SiteJob(job_id=job)])
+            channel = open_channel(sites[site])
+            channel.confirm_delivery()
+            channel.basic_publish(names.replies_exchange, request.reply_to,
+                                  reply.SerializeToString(), properties(
+                                      reply, user_id=names.site_user(site),
+                                      correlation_id=request.correlation_id))
+            channel.connection.close()
+        caller.join(20)
+        assert [job.job_id for job in result[0].jobs] == ["real"]
+    finally:
+        caller.join(20)
+        services.close()
+
+
+def _take(settings: Settings, queue: str) -> Any:
+    """The properties of the next message in `queue`, taken off it (None when it is empty)."""
+    channel = open_channel(settings)
+    try:
+        method, props, _ = channel.basic_get(queue, auto_ack=True)
+        return props if method is not None else None
+    finally:
+        channel.connection.close()

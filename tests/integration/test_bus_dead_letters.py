@@ -11,12 +11,13 @@ import pika
 import pytest
 from google.protobuf.message import Message
 
-from fedhive.bus import Delivery, RabbitBus
+from fedhive.bus import Consumer, Delivery, RabbitBus, Senders, TypeRegistry
 from fedhive.bus.codec import CONTENT_TYPE
+from fedhive.bus.publisher import properties
 from fedhive.config import Settings
-from fedhive.errors import InvalidArgument, RpcTimeout
+from fedhive.errors import InvalidArgument, PermissionDenied, RpcTimeout, Unavailable
 from fedhive.names import Names
-from fedhive.proto.v1 import site_pb2
+from fedhive.proto.v1 import common_pb2, site_pb2
 from fedhive.retry import Backoff
 from tests.fixtures.bus import Broker, job_id
 from tests.fixtures.infra import wait_for
@@ -83,7 +84,7 @@ def test_malformed_messages_are_dead_lettered_with_their_bytes(
             ("wrong-type", "fedhive.v1.DeployRequest", b"\x0a\x01x"),
         ]:
             props = pika.BasicProperties(content_type=CONTENT_TYPE, type=type_name,
-                                         message_id=message_id)
+                                         message_id=message_id, user_id=bus.user)
             channel.basic_publish(cmd, queue, body, props)
     finally:
         channel.connection.close()
@@ -95,6 +96,41 @@ def test_malformed_messages_are_dead_lettered_with_their_bytes(
         "wrong-type": b"\x0a\x01x",
     }
     wait_for(lambda: done == ["fine"], what="the well-formed message")
+
+
+def test_messages_from_senders_a_queue_does_not_accept_are_dropped_and_answered(
+    make_bus: Callable[..., RabbitBus], broker: Broker, namespace: str,
+    rogue_settings: Settings, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Unsigned, or signed by a user the queue does not take: never handled, never
+    dead-lettered (the sender could fill the dead-letter queue), logged as a security event; an
+    RPC request gets PERMISSION_DENIED."""
+    bus = make_bus()
+    queue = Names(namespace).site_queue("d")
+    done: list[str] = []
+    bus.serve(queue, lambda m, d: done.append(job_id(m)), ABORT)
+    channel = broker.channel()
+    try:
+        message = site_pb2.AbortRequest(job_id="unsigned")
+        channel.basic_publish(Names(namespace).cmd_exchange, queue, message.SerializeToString(),
+                              properties(message, message_id="unsigned"))
+    finally:
+        channel.connection.close()
+    rogue = RabbitBus(rogue_settings, name="rogue", site=True)  # direct reply-to: no service
+    try:
+        rogue.send(queue, site_pb2.AbortRequest(job_id="rogue"), message_id="rogue-command")
+        with pytest.raises(PermissionDenied, match=f"{queue} does not accept messages from "
+                                                   f"broker user {rogue.user!r}"):
+            rogue.call(queue, site_pb2.AbortRequest(job_id="rogue-rpc"), common_pb2.Ack,
+                       timeout=10)
+    finally:
+        rogue.close()
+    bus.send(queue, site_pb2.AbortRequest(job_id="fine"))
+    wait_for(lambda: done == ["fine"], what="the message of the queue's own user")
+    assert broker.drain(Names.dead_letter_queue(queue)) == []
+    refused = [line for line in capsys.readouterr().out.splitlines()
+               if "bus.sender_refused" in line]
+    assert len(refused) == 3 and all("security=True" in line for line in refused)
 
 
 def test_domain_error_on_a_command_is_dead_lettered_at_once(
@@ -137,10 +173,10 @@ def test_expired_rpc_request_is_not_served_late(
     assert served == ["fresh"]  # the stale request expired in the queue (queues are FIFO)
 
 
-def test_signed_messages_carry_the_verified_user(
+def test_every_message_carries_the_verified_user(
     make_bus: Callable[..., RabbitBus], namespace: str, bus_settings: Settings
 ) -> None:
-    bus = make_bus(sign=True)
+    bus = make_bus()
     queue = Names(namespace).site_queue("signed")
     users: list[str | None] = []
     bus.serve(queue, lambda m, d: users.append(d.user_id), ABORT)
@@ -184,10 +220,27 @@ def test_topology_has_the_exchanges_and_a_dead_letter_queue_per_queue(
     bus.declare_queue(names.service_queue("scheduler"))
     bus.subscribe("scheduler", ["job.status.*"], lambda m, d: None, ABORT)
     queues, exchanges = broker.declared()
-    assert sorted(exchanges) == sorted(
-        [names.cmd_exchange, names.events_exchange, names.dead_letter_exchange]
-    )
+    assert sorted(exchanges) == sorted([names.cmd_exchange, names.events_exchange,
+                                        names.dead_letter_exchange, names.replies_exchange])
     assert sorted(queues) == sorted([
         names.service_queue("scheduler"), Names.dead_letter_queue(names.service_queue("scheduler")),
         names.events_queue("scheduler"), Names.dead_letter_queue(names.events_queue("scheduler")),
     ])
+
+
+def test_a_sites_bus_declares_no_exchange_and_its_queue_no_dead_letters(
+    make_bus: Callable[..., RabbitBus], broker: Broker, namespace: str
+) -> None:
+    """A site's user may configure nothing but its own queue: its bus checks the exchanges
+    passively (the services declared them) and gives its queue no dead-letter queue."""
+    names = Names(namespace)
+    site = make_bus(site=True)
+    with pytest.raises(Unavailable, match="did not start"):  # no exchanges yet: 404
+        Consumer(site._params("early"), site.topology,
+                 site.topology.command_queue(names.site_queue("s")), lambda m, d: None,
+                 TypeRegistry(ABORT), Senders.only(site.user)).start(timeout=2)
+    make_bus().declare_queue(names.service_queue("job-store"))  # the services' topology
+    site.serve(names.site_queue("s"), lambda m, d: None, ABORT)
+    queues, _ = broker.declared()
+    assert names.site_queue("s") in queues
+    assert Names.dead_letter_queue(names.site_queue("s")) not in queues

@@ -23,15 +23,16 @@ import pytest
 import torch
 
 from fedhive.blobs import (
+    WRITE_ONCE_HEADERS,
     BlobLocation,
     PresignedFetcher,
     PresignedUploader,
     TensorKind,
     TensorRef,
-    content_key,
     ref_to_proto,
 )
 from fedhive.blobs.checksum import digest
+from fedhive.blobs.keys import upload_key
 from fedhive.config import Settings
 from fedhive.errors import BlobAccessDenied, PermissionDenied
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey
@@ -105,10 +106,11 @@ def test_round_trip_is_bit_exact_and_the_client_job_only_relays_refs(
     assert result.ok, result.error
     assert result.dxo is not None and result.dxo.is_lazy
     prefix = h.job.ctx.tensor_prefix
+    site, task_id = task.client_tasks[0].site, task.client_tasks[0].id
     for name, ref in result.dxo.data.items():
         assert isinstance(ref, TensorRef) and ref.url == ""
-        if not ref.is_inline:  # uploaded by the trainer, to the content key of its checksum
-            assert ref.key == content_key(prefix, ref.checksum), name
+        if not ref.is_inline:  # uploaded by the trainer, to the site's own key for the task
+            assert ref.key == upload_key(prefix, site, task_id, ref.checksum), name
     arrays = result.dxo.materialized(h.job.store).data
     calls = arrays.pop("filter_calls")  # the site filter ran in the trainer, once each way
     assert calls.tolist() == [1, 1]
@@ -196,6 +198,28 @@ def test_an_expired_url_is_resigned_through_the_server_and_the_round_succeeds(
     assert h.store.calls["presign_get"] >= 1
 
 
+def test_relayed_data_that_fails_its_checksum_is_blamed_on_the_site_that_uploaded_it(
+    harness: Callable[..., Harness],
+) -> None:
+    """Task data naming site b's upload (the cyclic relay) whose bytes are not what b said:
+    site a's trainer fails the task, and the reason names b."""
+    h = harness()
+    h.start_client_job()
+    b = h.job.site("b")
+    claimed = np.arange(50_000, dtype=np.float32)
+    label = digest(claimed.view(np.uint8))
+    key = upload_key(h.job.ctx.tensor_prefix, b, "t1", label)
+    h.job.store.put(key, np.zeros_like(claimed).tobytes())
+    ref = TensorRef(name="w", dtype="float32", shape=claimed.shape, kind=TensorKind.NUMPY,
+                    key=key, length=claimed.nbytes, checksum=label)
+    result = result_of(h.run_task({"w": ref}, {MetaKey.CURRENT_ROUND: 2}))
+    assert result.return_code == ReturnCode.BAD_TASK_DATA
+    assert result.error.startswith(
+        f"job {h.job.ctx.job_id} site {h.job.site('a')} task 'train' round 2: the trainer "
+        f"could not load the task data: ChecksumMismatch: tensor 'w': bytes from blob {key} ")
+    assert result.error.endswith(f"(uploaded by site {b})")
+
+
 def test_a_trainer_killed_mid_task_fails_the_task_clearly_and_the_next_task_restarts_it(
     harness: Callable[..., Harness],
 ) -> None:
@@ -262,7 +286,8 @@ def test_a_large_result_is_uploaded_multipart(harness: Callable[..., Harness]) -
     assert result.ok, result.error
     assert h.store.calls["presign_multipart"] == 1 and h.store.calls["complete_multipart"] == 1
     ref = result.dxo.data["big"]
-    assert ref.key == content_key(h.job.ctx.tensor_prefix, ref.checksum)
+    assert ref.key == upload_key(h.job.ctx.tensor_prefix, h.job.site("a"),
+                                 task.client_tasks[0].id, ref.checksum)
     assert h.job.store.size(ref.key) == big.nbytes
     assert raw(result.dxo.materialized(h.job.store).data["big"]) == raw(big * 2)
     # 24 MiB went down to the trainer and 24 MiB up, none of it through the client job
@@ -278,23 +303,37 @@ def test_upload_grants_cannot_be_used_for_anything_else(
     body = np.arange(2 * MiB, dtype=np.float32)  # 8 MiB: a multipart grant
     other = np.ones(1000, np.float32)
     sums = [digest(body.view(np.uint8)), digest(other.view(np.uint8))]
+    # grants are for a task of the site awaiting its result
+    task = Task("train", Dxo(DataKind.WEIGHTS, {"w": np.ones(4, np.float32)},
+                             {MetaKey.CURRENT_ROUND: 7}))
+    job.tasks.send(task, [a])
+    assignment = job.call("a", task_pb2.GetTaskRequest(job_id=job.ctx.job_id, site=a,
+                                                       wait_ms=5000), task_pb2.TaskAssignment)
+    with pytest.raises(PermissionDenied, match="no upload grant"):
+        job.call("b", task_pb2.GrantUploadRequest(
+            job_id=job.ctx.job_id, site=b, task_id=assignment.task_id, checksums=sums[1:]),
+            task_pb2.UploadGrant)
     grant = job.call("a", task_pb2.GrantUploadRequest(
-        job_id=job.ctx.job_id, site=a, task_id="t", checksums=sums,
+        job_id=job.ctx.job_id, site=a, task_id=assignment.task_id, checksums=sums,
         sizes=[body.nbytes, other.nbytes]), task_pb2.UploadGrant)
     multipart, single = grant.targets
     assert multipart.upload_id and multipart.part_size == 5 * MiB
     assert len(multipart.part_urls) == 2 and not multipart.url
-    assert single.url and not single.upload_id
+    assert single.url and single.write_once and not single.upload_id
 
     uploader = PresignedUploader()
     try:
         # a PUT URL granted for one key does not write another
         elsewhere = single.url.replace(single.key.rsplit("/", 1)[1], "0" * 64)
         with pytest.raises(BlobAccessDenied):
-            uploader.put(elsewhere, "elsewhere", other)
+            uploader.put(elsewhere, "elsewhere", other, headers=WRITE_ONCE_HEADERS)
         assert not job.store.exists(single.key.rsplit("/", 1)[0] + "/" + "0" * 64)
-        uploader.put(single.url, single.key, other)
+        with pytest.raises(BlobAccessDenied):  # the URL is signed with its write-once header
+            uploader.put(single.url, single.key, other)
+        uploader.put(single.url, single.key, other, headers=WRITE_ONCE_HEADERS)
         assert job.store.size(single.key) == other.nbytes
+        uploader.put(single.url, single.key, body[:1000], headers=WRITE_ONCE_HEADERS)
+        assert job.store.get(single.key) == other.tobytes()  # written once: not replaced
     finally:
         uploader.close()
 
@@ -307,19 +346,14 @@ def test_upload_grants_cannot_be_used_for_anything_else(
                                                upload_id=multipart.upload_id, etags=["x"])
     with pytest.raises(PermissionDenied, match="no multipart upload"):
         job.call("a", wrong_key, common_pb2.Ack)
-    # re-signing: only keys of this job
-    with pytest.raises(PermissionDenied, match="not under the job's tensor prefix"):
+    # re-signing: only keys of the site's open tasks' data, or its own uploads
+    with pytest.raises(PermissionDenied, match="nor its upload: no URL"):
         job.call("a", task_pb2.ResignRequest(job_id=job.ctx.job_id, site=a,
                                              keys=["elsewhere/sha256/" + "0" * 64]),
                  task_pb2.ResignReply)
 
-    # a result naming a content key whose object is missing: that site's task fails, with job,
+    # a result naming an upload whose object is missing: that site's task fails, with job,
     # site, task, round and tensor
-    task = Task("train", Dxo(DataKind.WEIGHTS, {"w": np.ones(4, np.float32)},
-                             {MetaKey.CURRENT_ROUND: 7}))
-    job.tasks.send(task, [a])
-    assignment = job.call("a", task_pb2.GetTaskRequest(job_id=job.ctx.job_id, site=a,
-                                                       wait_ms=5000), task_pb2.TaskAssignment)
     missing = TensorRef(name="w", dtype="float32", shape=(2 * MiB,), kind=TensorKind.NUMPY,
                         key=multipart.key, length=body.nbytes, checksum=sums[0])
     reply = job.call("a", task_pb2.TaskResult(
@@ -329,18 +363,26 @@ def test_upload_grants_cannot_be_used_for_anything_else(
         task_pb2.TaskResultReply)
     assert not reply.accepted
     assert reply.reason == (f"result data rejected: job {job.ctx.job_id} site {a} task 'train' "
-                            f"round 7: tensor 'w': object {multipart.key} is missing")
+                            f"round 7: tensor 'w': object {multipart.key} (uploaded by site {a}) "
+                            "is missing")
     job.finish(task)
     assert result_of(task).return_code == ReturnCode.EXECUTION_RESULT_ERROR
-    assert h.store.calls["abort_multipart"] == 0  # granted under task id "t", not this one
+    assert h.store.calls["abort_multipart"] == 1  # the task's unfinished upload: dropped
 
 
 def test_a_resign_request_gives_fresh_urls(harness: Callable[..., Harness],
                                            presigned_fetcher: PresignedFetcher) -> None:
     h = harness()
-    job, a = h.job, h.job.site("a")
-    (ref,) = job.ctx.codec.pack({"w": np.arange(50_000, dtype=np.int64)},
-                                job.ctx.tensor_prefix)
+    job, a, b = h.job, h.job.site("a"), h.job.site("b")
+    task = Task("train", Dxo(DataKind.WEIGHTS, {"w": np.arange(50_000, dtype=np.int64)}))
+    job.tasks.send(task, [a])
+    assignment = job.call("a", task_pb2.GetTaskRequest(job_id=job.ctx.job_id, site=a,
+                                                       wait_ms=5000), task_pb2.TaskAssignment)
+    (ref,) = assignment.data.tensors
+    # only for the site whose task's data names the object
+    with pytest.raises(PermissionDenied, match=f"site {b!r} nor its upload: no URL"):
+        job.call("b", task_pb2.ResignRequest(job_id=job.ctx.job_id, site=b, keys=[ref.key]),
+                 task_pb2.ResignReply)
     reply = job.call("a", task_pb2.ResignRequest(job_id=job.ctx.job_id, site=a,
                                                  keys=[ref.key]), task_pb2.ResignReply)
     (signed,) = reply.urls

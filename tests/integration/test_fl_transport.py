@@ -21,13 +21,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedhive.blobs import TensorKind, TensorRef, content_key, ref_to_proto
-from fedhive.bus import Encoded, RabbitBus
-from fedhive.errors import InvalidArgument, PermissionDenied
+from fedhive.blobs import TensorKind, TensorRef, ref_to_proto
+from fedhive.blobs.keys import upload_key
+from fedhive.bus import Encoded, RabbitBus, Senders
+from fedhive.config import Settings
+from fedhive.errors import PermissionDenied, Unroutable
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey
 from fedhive.fl.executor import ExecTask, Executors
 from fedhive.fl.task_server import TaskServer
 from fedhive.fl.tasks import CompletionStatus, ReturnCode, Task
+from fedhive.names import Names
 from fedhive.proto.v1 import runner_pb2, site_pb2, task_pb2
 from tests.fixtures.infra import RUN_ID, wait_for
 from tests.fixtures.sites import collect
@@ -100,8 +103,9 @@ def test_broadcast_round_trip_inline_and_through_s3(job: Job) -> None:
         assert result.dxo.is_lazy  # the server job holds refs until a workflow reads them
         big = result.dxo.data["big"]
         assert isinstance(big, TensorRef)
-        # uploaded by the site through a grant, to the content key of its checksum
-        assert big.key == content_key(prefix, big.checksum) and big.url == ""
+        # uploaded by the site through a grant, to its own key for the task
+        assert big.key == upload_key(prefix, client_task.site, client_task.id, big.checksum)
+        assert big.url == ""
         assert job.store.exists(big.key)
         assert result.dxo.data["small"].is_inline and result.dxo.data["ints"].is_inline
         arrays = result.dxo.materialized(job.store).data
@@ -115,6 +119,7 @@ def test_broadcast_round_trip_inline_and_through_s3(job: Job) -> None:
     # from the site; the server presigns them, and the next site reads them without fetching
     # anything through the server.
     forwarded = task.client_tasks[0].result
+    forwarded_id = task.client_tasks[0].id
     assert forwarded is not None and forwarded.dxo is not None
     relay = Task("train", forwarded.dxo)
     job.tasks.send(relay, [job.site("b")])
@@ -125,14 +130,11 @@ def test_broadcast_round_trip_inline_and_through_s3(job: Job) -> None:
     assert result.dxo.materialized(job.store).data["big"].tobytes() == \
         (model["big"] * 4).tobytes()
 
-    # Content-addressed: the server has that object now, so a second grant uploads nothing.
-    grant = job.call("a", task_pb2.GrantUploadRequest(
-        job_id=job.ctx.job_id, site=job.site("a"), checksums=[big.checksum]),
-        task_pb2.UploadGrant)
-    assert [(t.key, t.present, t.url) for t in grant.targets] == [(big.key, True, "")]
-    with pytest.raises(InvalidArgument, match="is not 'blake3:<64 hex digits>'"):
-        job.call("a", task_pb2.GrantUploadRequest(job_id=job.ctx.job_id, site=job.site("a"),
-                                                  checksums=["md5:abc"]), task_pb2.UploadGrant)
+    # Grants are for a task of the site awaiting its result: none is left
+    with pytest.raises(PermissionDenied, match="no upload grant"):
+        job.call("a", task_pb2.GrantUploadRequest(
+            job_id=job.ctx.job_id, site=job.site("a"), task_id=forwarded_id,
+            checksums=[big.checksum]), task_pb2.UploadGrant)
 
 
 def test_a_broadcast_is_encoded_once_and_signed_again_near_expiry(job: Job) -> None:
@@ -273,23 +275,29 @@ def test_a_result_asking_for_more_is_answered_with_the_next_assignment(job: Job)
     assert reply.kind == _A.KIND_END_RUN and not reply.result.accepted
 
 
-def test_a_site_speaks_only_for_itself(job: Job, make_bus: Callable[..., RabbitBus]) -> None:
+def test_a_site_speaks_only_for_itself(job: Job, make_bus: Callable[..., RabbitBus],
+                                       rogue_settings: Settings) -> None:
     a, b = job.site("a"), job.site("b")
+    names = Names(rogue_settings.namespace)
     poll_b = task_pb2.GetTaskRequest(job_id=job.ctx.job_id, site=b, wait_ms=0)
-    with pytest.raises(PermissionDenied, match=f"sent by broker user '{a}'"):
+    with pytest.raises(PermissionDenied, match=f"sent by broker user '{names.site_user(a)}'"):
         job.call("a", poll_b, _A)  # site a claiming to be b (RabbitMQ verified the user_id)
-    unsigned = job.bus("b", sign=False)
-    with pytest.raises(PermissionDenied, match="sent by broker user '\\(none\\)'"):
-        unsigned.call(job.queue, poll_b, _A, timeout=20)
-    c = job.site("c")
-    with pytest.raises(PermissionDenied, match=f"site '{c}' is not a site of job"):
+    # allowed everything, neither a site nor the runner (direct reply-to: it is no service)
+    rogue = RabbitBus(rogue_settings, name="rogue", site=True)
+    try:
+        with pytest.raises(PermissionDenied, match="does not accept messages from broker user"):
+            rogue.call(job.queue, poll_b, _A, timeout=20)
+    finally:
+        rogue.close()
+    c = job.site("c")  # a site, but not of this job: its key of the job is bound by nobody
+    with pytest.raises(Unroutable):
         job.call("c", task_pb2.GetTaskRequest(job_id=job.ctx.job_id, site=c), _A)
     assert job.call("b", poll_b, _A).kind == _A.KIND_TRY_AGAIN  # b itself may ask
 
     # SiteGone only counts from the services' user (the runner), never from a site
-    job.bus("a").send(job.queue, runner_pb2.SiteGone(job_id=job.ctx.job_id, site=b,
-                                                     reason="forged by a"))
-    make_bus(name="runner", sign=True).send(job.queue, runner_pb2.SiteGone(
+    job.bus("a").send(job.route("a"), runner_pb2.SiteGone(job_id=job.ctx.job_id, site=b,
+                                                          reason="forged by a"))
+    make_bus(name="runner").send(job.queue, runner_pb2.SiteGone(
         job_id=job.ctx.job_id, site=b, reason="site went offline"))
     wait_for(lambda: job.ctx.gone_sites(), timeout=10, what="the runner's SiteGone")
     assert job.ctx.gone_sites() == {b: "site went offline"}
@@ -309,15 +317,17 @@ def test_a_client_job_with_a_bad_executor_config_leaves_the_job(job: Job, tmp_pa
     assert gone[a].startswith("client job could not start: ") and "nowhere.Trainer" in gone[a]
     assert job.tasks.active_sites() == [job.site("b")]
     report = site_dir / "workspace" / ".agent" / "jobs" / f"{job.ctx.job_id}.cj.json"
-    assert json.loads(report.read_text())["broker_user"] == a  # it reported itself first
+    assert json.loads(report.read_text())["broker_user"] == Names(
+        job.site_settings["a"].namespace).site_user(a)  # it reported itself first
 
 
 def test_a_client_job_beats_while_it_waits_and_stops_on_sigterm(
     job: Job, tmp_path: Path, make_bus: Callable[..., RabbitBus]
 ) -> None:
     beats: list[tuple[str, Any]] = []
-    make_bus(name="watch").subscribe("fl-transport-watch", ["site.*.job"], collect(beats),
-                                     [site_pb2.JobHeartbeat])
+    watch = make_bus(name="watch")
+    watch.subscribe("fl-transport-watch", ["site.*.job"], collect(beats),
+                    [site_pb2.JobHeartbeat], senders=Senders.any_site(watch.names))
     _, argv, env, app = client_job(job, tmp_path, "a", {"executors": []})
     with (tmp_path / "cj.log").open("wb") as log:
         proc = subprocess.Popen(argv, cwd=app, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -4,7 +4,6 @@ process running it end to end."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from fedhive.state import RedisStateStore
 from fedhive_services.job_runner.heartbeats import HeartbeatIntake
 from tests.fixtures.bus import Broker
 from tests.fixtures.infra import stop_process, wait_for
+from tests.fixtures.job_store import service_env
 from tests.fixtures.sites import SitePublisher, collect
 
 Events = list[tuple[str, Any]]
@@ -54,7 +54,7 @@ def start_intake(
     running: list[tuple[HeartbeatIntake, RabbitBus]] = []
 
     def start(config: IntakeConfig) -> HeartbeatIntake:
-        bus = RabbitBus(settings, name=f"intake-{len(running)}", sign=True)
+        bus = RabbitBus(settings, name=f"intake-{len(running)}")
         heartbeats = HeartbeatIntake(bus, store, config, structlog.get_logger())
         heartbeats.start()
         running.append((heartbeats, bus))
@@ -116,7 +116,7 @@ def test_a_heartbeat_naming_another_site_is_refused(
     a, b = f"{namespace}-a", f"{namespace}-b"
     users = site_users([a])
     start_intake(IntakeConfig(site_ttl_s=30))
-    site = RabbitBus(users[a], name="site-a", sign=True)  # publishes with user_id = a
+    site = RabbitBus(users[a], name="site-a", site=True)  # user_id: a's broker user
     try:
         site.publish_event(Names.site_event(a, "heartbeat"), beat(b))  # payload claims b
         site.publish_event(Names.site_event(a, "job"), site_pb2.JobHeartbeat(job_id="j", site=b))
@@ -206,16 +206,11 @@ def test_job_runner_process_runs_the_intake(
     settings: Settings, site_publisher: SitePublisher, store: RedisStateStore,
     transitions: Events, broker: Broker,
 ) -> None:
-    env = {
-        **os.environ,  # PATH etc. for the child; fedhive reads only its FEDHIVE_* variables
-        "FEDHIVE_AMQP_URL": settings.amqp_url,
-        "FEDHIVE_REDIS_URL": settings.redis_url,
-        "FEDHIVE_NAMESPACE": settings.namespace,
-    }
     proc = subprocess.Popen(
         [sys.executable, "-c", "from fedhive_services.job_runner.main import main; main()",
          "--site-ttl", "1", "--sweep-interval", "0.2"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        env=service_env(settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         queue = Names(settings.namespace).events_queue("heartbeats")

@@ -88,6 +88,19 @@ def test_job_heartbeat_is_kept_until_its_ttl(state_store: StateStore) -> None:
              what="job heartbeat TTL")
 
 
+def test_a_client_jobs_end_is_its_last_word(state_store: StateStore) -> None:
+    ended = JobHeartbeat(job_id="job-1", site="a", sent_at_ms=5, ended=True, exit_code=-9,
+                         reason="killed by signal 9 (SIGKILL)")
+    late = JobHeartbeat(job_id="job-1", site="a", sent_at_ms=6, current_task="train")
+    state_store.record_job_heartbeats([ended], ttl_s=30)
+    state_store.record_job_heartbeats([late], ttl_s=30)  # sent before the end, arrived after
+    assert state_store.get_job_heartbeat("job-1", "a") == ended
+    again = JobHeartbeat(job_id="job-1", site="a", sent_at_ms=7, ended=True, exit_code=1,
+                         reason="exited with code 1")
+    state_store.record_job_heartbeats([late, again], ttl_s=30)
+    assert state_store.get_job_heartbeat("job-1", "a") == again
+
+
 def test_a_new_store_instance_sees_the_same_online_set(
     redis_state: RedisStateStore, settings: Settings
 ) -> None:

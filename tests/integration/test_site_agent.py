@@ -1,8 +1,11 @@
 """The site agent as a real process on the real broker: its control-queue commands, deploys from
-S3 through presigned URLs, client jobs, resources."""
+S3 through presigned URLs, client jobs, resources, and the ended notice of every client job."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 from collections.abc import Callable
 
@@ -10,7 +13,16 @@ import pytest
 
 from fedhive.blobs import BlobStore
 from fedhive.bus import RabbitBus
-from fedhive.errors import BlobAccessDenied, FailedPrecondition, InvalidArgument, NotFound
+from fedhive.config import Settings
+from fedhive.errors import (
+    BlobAccessDenied,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    RpcTimeout,
+)
+from fedhive.names import Names
 from fedhive.proto.v1 import site_pb2
 from fedhive.structs import dict_to_struct
 from tests.fixtures.infra import wait_for
@@ -41,7 +53,7 @@ def test_check_allocate_deploy_start_finish_free(
     again = deploy(agent, blob_store, "job-1")  # a redelivered deploy is a no-op
     assert again.state == "DEPLOYED"
 
-    end_runs(make_bus(name="server-job"), agent.namespace, "job-1")
+    end_runs(make_bus(name="server-job"), agent.namespace, "job-1", "site-1")
     started = start(agent, "job-1")
     assert started.state == "RUNNING" and started.pid > 0
     # The real client job reports itself: env from the consumer, cwd, broker identity.
@@ -53,12 +65,15 @@ def test_check_allocate_deploy_start_finish_free(
     beats = wait_for(lambda: events.of("site.site-1.job"), what="the job heartbeat")
     beat, user = beats[0]
     assert isinstance(beat, site_pb2.JobHeartbeat)
-    assert (beat.job_id, beat.site, user) == ("job-1", "site-1", "guest")
+    assert (beat.job_id, beat.site, user) == ("job-1", "site-1",
+                                              Names(agent.namespace).site_user("site-1"))
 
     finished = wait_for(lambda: (j := agent.job("job-1")) and j.state == "FINISHED" and j,
                         what="job-1 FINISHED")
     assert finished.exit_code == 0
     assert not finished.HasField("allocation")  # freed when the client job exited
+    [ended] = wait_for(lambda: events.ended("site-1", "job-1"), what="the ended notice")
+    assert (ended.exit_code, ended.reason) == (0, "the server job ended the run")
     assert start(agent, "job-1").state == "FINISHED"  # a late redelivered start: no second run
     assert agent.report("job-1")["pid"] == started.pid
     freed = agent.call(site_pb2.FreeResourcesRequest(job_id="job-1"), site_pb2.SiteJob)
@@ -135,6 +150,7 @@ def test_concurrent_jobs_never_share_a_gpu(
 
 def test_expired_url_is_refused(site_agents: SiteAgents, blob_store: BlobStore) -> None:
     agent = site_agents.start()
+    allocate(agent, "job-1", {})
     url, expires = upload(blob_store, agent.namespace, "job-1", app_bundle(CLIENT_APP),
                           expires_in=1)
     wait_for(lambda: time.time() * 1000 > expires + 1500, what="the URL to expire")
@@ -152,6 +168,7 @@ def test_unsafe_bundle_is_refused_and_nothing_is_extracted(
     site_agents: SiteAgents, blob_store: BlobStore
 ) -> None:
     agent = site_agents.start()
+    allocate(agent, "job-1", {})
     with pytest.raises(InvalidArgument) as refused:
         deploy(agent, blob_store, "job-1", {**CLIENT_APP, "../escape.txt": "x",
                                             "/etc/evil": "y"})
@@ -160,7 +177,8 @@ def test_unsafe_bundle_is_refused_and_nothing_is_extracted(
     assert "member '/etc/evil': absolute path" in message
     assert sorted(p.name for p in agent.workspace.iterdir()) == [".agent"]
     assert not (agent.site_dir / "escape.txt").exists()
-    assert agent.job("job-1") is None
+    job = agent.job("job-1")
+    assert job is not None and (job.state, job.app_name) == ("ALLOCATED", "")
 
 
 def test_start_of_a_job_never_deployed_is_refused(site_agents: SiteAgents) -> None:
@@ -185,3 +203,117 @@ def test_redelivered_check_reserves_once(site_agents: SiteAgents) -> None:
     last = agent.call(request, site_pb2.CheckResourcesReply)
     assert not last.ok and last.reason == "gpu 1 > 0 free"
     assert agent.status()["jobs"] == []  # a check alone creates no job
+
+
+def test_only_bundles_of_jobs_allocated_here_from_the_deployments_store_are_deployed(
+    site_agents: SiteAgents, blob_store: BlobStore
+) -> None:
+    agent = site_agents.start()
+    url, expires = upload(blob_store, agent.namespace, "job-1", app_bundle(CLIENT_APP))
+    request = site_pb2.DeployRequest(job_id="job-1", app_name="app", bundle_url=url,
+                                     bundle_url_expires_at_ms=expires)
+    with pytest.raises(FailedPrecondition, match="job job-1 holds no resources on site site-1"):
+        agent.call(request, site_pb2.SiteJob)
+    allocate(agent, "job-1", {})
+    other, _ = upload(blob_store, agent.namespace, "job-2", app_bundle(CLIENT_APP))
+    elsewhere = url.replace("127.0.0.1", "localhost", 1)
+    for bad in (other,  # another job's bundle, from the right store
+                elsewhere,  # the right object, at another address
+                url.replace("/app.zip", "/app2.zip"),  # another app of the job
+                "http://evil.example/job-1/bundles/app.zip"):
+        refused = site_pb2.DeployRequest(job_id="job-1", app_name="app", bundle_url=bad,
+                                         bundle_url_expires_at_ms=expires)
+        with pytest.raises(PermissionDenied, match="the bundle URL is not the deployment's "
+                                                   "object"):
+            agent.call(refused, site_pb2.SiteJob)
+    assert sorted(p.name for p in agent.workspace.iterdir()) == [".agent"]
+    assert agent.call(request, site_pb2.SiteJob).state == "DEPLOYED"
+
+
+def test_commands_from_any_user_but_the_services_are_refused(
+    site_agents: SiteAgents, rogue_settings: Settings
+) -> None:
+    """A broker user allowed everywhere (a misconfigured broker), not the services' user: the
+    agent refuses its commands and logs a security event."""
+    agent = site_agents.start()
+    rogue = RabbitBus(rogue_settings, name="rogue")
+    direct = RabbitBus(rogue_settings, name="rogue-direct", site=True)  # direct reply-to
+    try:
+        with pytest.raises(PermissionDenied, match="does not accept messages from broker user"):
+            rogue.call(agent.queue, site_pb2.ListSiteJobsRequest(), site_pb2.ListSiteJobsReply,
+                       timeout=10)
+        with pytest.raises(RpcTimeout):  # a site may not publish to direct reply-to: no answer
+            direct.call(agent.queue, site_pb2.ListSiteJobsRequest(), site_pb2.ListSiteJobsReply,
+                        timeout=3)
+    finally:
+        rogue.close()
+        direct.close()
+    wait_for(lambda: agent.log().count('"bus.sender_refused"') == 2,
+             what="the security log lines")
+    assert agent.job("job-1") is None  # and the agent still serves the services
+
+
+def test_a_client_job_that_fails_at_once_is_reported_ended(
+    site_agents: SiteAgents, blob_store: BlobStore, make_bus: Callable[..., RabbitBus]
+) -> None:
+    events = Events(make_bus)
+    agent = site_agents.start()
+    allocate(agent, "job-1", {"gpu": 1})
+    deploy(agent, blob_store, "job-1", {"config/config_fed_client.json": json.dumps({
+        "executors": [{"tasks": ["train"], "executor": {"id": "trainer",
+                                                        "path": "nowhere.Trainer"}}]})})
+    end_runs(make_bus(name="server-job"), agent.namespace, "job-1", "site-1")
+    start(agent, "job-1")
+    [notice] = wait_for(lambda: events.ended("site-1", "job-1"), timeout=30,
+                        what="the ended notice")
+    assert notice.exit_code == 1
+    assert "component 'trainer': cannot import 'nowhere.Trainer'" in notice.reason
+    assert "\n" not in notice.reason and notice.sent_at_ms > 0
+    job = wait_for(lambda: (j := agent.job("job-1")) and j.HasField("exit_code") and j,
+                   what="the record of its end")
+    assert (job.state, job.exit_code) == ("FINISHED", 1)
+    assert not job.HasField("allocation")
+
+
+def test_a_client_job_killed_by_sigkill_is_reported_ended(
+    site_agents: SiteAgents, blob_store: BlobStore, make_bus: Callable[..., RabbitBus]
+) -> None:
+    events = Events(make_bus)
+    agent = site_agents.start(client_job_module=HOLDING_CJ)
+    allocate(agent, "job-1", {"gpu": 1})
+    deploy(agent, blob_store, "job-1")
+    start(agent, "job-1")
+    pid = wait_for(lambda: agent.report("job-1"), what="the client job's report")["pid"]
+    os.kill(pid, signal.SIGKILL)  # as the OOM killer would
+    [notice] = wait_for(lambda: events.ended("site-1", "job-1"), what="the ended notice")
+    assert (notice.site, notice.exit_code) == ("site-1", -9)
+    assert notice.reason == "killed by signal 9 (SIGKILL: the OOM killer, or killed by hand?)"
+    assert agent.job("job-1").state == "FINISHED"
+    assert allocate(agent, "job-2", {"gpu": 2}) == {"gpu": [0, 1]}  # its GPU was freed
+
+
+def test_an_ended_notice_the_broker_refused_is_published_later(
+    site_agents: SiteAgents, blob_store: BlobStore, make_bus: Callable[..., RabbitBus]
+) -> None:
+    events = Events(make_bus)
+    agent = site_agents.start(client_job_module=HOLDING_CJ)
+    allocate(agent, "job-1", {})
+    deploy(agent, blob_store, "job-1")
+    start(agent, "job-1")
+    pid = wait_for(lambda: agent.report("job-1"), what="the client job's report")["pid"]
+    record_file = agent.workspace / ".agent" / "jobs" / "job-1.json"
+    site_agents.refuse_job_events("site-1", refused=True)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: '"site_agent.notice_failed"' in agent.log(), timeout=30,
+                 what="the broker refusing the notice")
+        record = json.loads(record_file.read_text())
+        assert (record["exit_code"], record["notice_pending"]) == (-9, True)
+        assert events.ended("site-1", "job-1") == []
+    finally:
+        site_agents.refuse_job_events("site-1", refused=False)
+    [notice] = wait_for(lambda: events.ended("site-1", "job-1"), timeout=60,
+                        what="the notice, published again")
+    assert (notice.exit_code, notice.reason.split(" (")[0]) == (-9, "killed by signal 9")
+    wait_for(lambda: not json.loads(record_file.read_text())["notice_pending"],
+             what="the notice recorded as published")

@@ -1,5 +1,6 @@
 """The site agent's process life: bad site folders stop it at start, heartbeats and
-online/offline announcements, SIGKILL and restart without phantom jobs, the status command."""
+online/offline announcements, SIGKILL and restart (live client jobs re-adopted, dead ones
+reported, no phantom jobs), the status command."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ from pathlib import Path
 import pytest
 
 from fedhive.blobs import BlobStore
+from fedhive.brokerusers import with_user
 from fedhive.bus import RabbitBus
 from fedhive.config import Settings
+from fedhive.names import Names
 from fedhive.proto.v1 import site_pb2
-from fedhive.structs import struct_to_dict
+from fedhive.structs import dict_to_struct, struct_to_dict
 from fedhive_services.site_agent import process
+from fedhive_services.site_agent.heartbeat import UNKNOWN_EXIT_CODE
 from tests.fixtures.infra import wait_for
 from tests.fixtures.site_agent import (
     HOLDING_CJ,
@@ -67,7 +71,8 @@ def test_bad_site_folder_stops_the_agent_with_one_line(
     local = tmp_path / "local"
     local.mkdir()
     if isinstance(site_json, dict):
-        site_json = json.dumps({"broker_url": amqp_url, **site_json})
+        site_json = json.dumps({"broker_url": with_user(amqp_url, "fedhive.s1", "secret"),
+                                "storage_url": "http://127.0.0.1:9000/bucket", **site_json})
     assert isinstance(site_json, str)
     (local / "site.json").write_text(site_json)
     (local / "resources.json").write_text(json.dumps(resources))
@@ -89,7 +94,7 @@ def test_heartbeats_online_offline(
     beat, user = beats[-1]
     assert isinstance(beat, site_pb2.SiteHeartbeat)
     assert (beat.site, beat.org, user, list(beat.running_job_ids)) == (
-        "site-1", "Org A", "guest", [])
+        "site-1", "Org A", Names(agent.namespace).site_user("site-1"), [])
     assert beat.agent_version and beat.sent_at_ms > 0
     assert struct_to_dict(beat.resources)["free"] == {"gpu": 2}
     assert agent.stop() == 0  # SIGTERM: a clean shutdown
@@ -97,46 +102,72 @@ def test_heartbeats_online_offline(
     assert offline[0][0].site == "site-1"
 
 
-def test_sigkill_and_restart_leave_no_phantom_jobs(
+def test_sigkill_and_restart_readopt_live_client_jobs_and_report_dead_ones(
     site_agents: SiteAgents, blob_store: BlobStore, make_bus: Callable[..., RabbitBus]
 ) -> None:
     events = Events(make_bus)
     agent = site_agents.start(client_job_module=HOLDING_CJ)
-    for job_id in ("job-orphan", "job-dead"):
-        allocate(agent, job_id, {"gpu": 1})
+    jobs = {"job-a": {"gpu": 1}, "job-b": {"gpu": 1}, "job-dead": {}}
+    gpus = {}
+    for job_id, requirement in jobs.items():
+        gpus[job_id] = allocate(agent, job_id, requirement).get("gpu")
         deploy(agent, blob_store, job_id)
         start(agent, job_id)
-    pids = {j: wait_for(lambda j=j: agent.report(j), what=j)["pid"]
-            for j in ("job-orphan", "job-dead")}
+    pids = {j: wait_for(lambda j=j: agent.report(j), what=j)["pid"] for j in jobs}
 
     agent.kill()  # SIGKILL: the client jobs, in their own process groups, live on
-    os.killpg(pids["job-dead"], signal.SIGKILL)
+    os.killpg(pids["job-dead"], signal.SIGKILL)  # and one dies while its agent is down
     wait_for(lambda: not process.alive(pids["job-dead"], None), what="job-dead's process to go")
     status = agent.status()
     assert not status["agent"]["running"]
     by_id = {job["job_id"]: job for job in status["jobs"]}
-    assert (by_id["job-orphan"]["state"], by_id["job-orphan"]["process_alive"]) == (
-        "RUNNING", True)
+    assert (by_id["job-a"]["state"], by_id["job-a"]["process_alive"]) == ("RUNNING", True)
     assert (by_id["job-dead"]["state"], by_id["job-dead"]["process_alive"]) == ("LOST", False)
 
     events.seen.clear()
-    agent.launch()  # the restarted agent reconciles: no job stays RUNNING, nothing stays held
-    assert not process.alive(pids["job-orphan"], None)
+    agent.launch()  # the restarted agent re-adopts the live client jobs, resources included
+    assert all(process.alive(pids[j], None) for j in ("job-a", "job-b"))
     status = agent.status()
     assert status["agent"]["running"]
-    assert {(j["job_id"], j["state"], j["allocation"]) for j in status["jobs"]} == {
-        ("job-orphan", "LOST", None), ("job-dead", "LOST", None)}
+    assert {(j["job_id"], j["state"], json.dumps(j["allocation"])) for j in status["jobs"]} == {
+        ("job-a", "RUNNING", json.dumps({"gpu": gpus["job-a"]})),
+        ("job-b", "RUNNING", json.dumps({"gpu": gpus["job-b"]})),
+        ("job-dead", "LOST", "null")}
+    [dead] = wait_for(lambda: events.ended("site-1", "job-dead"), what="job-dead's notice")
+    assert dead.exit_code == UNKNOWN_EXIT_CODE  # killed while not the agent's child: no word
+    assert dead.reason.startswith("client job was gone when the site agent restarted: ")
     beat = wait_for(lambda: events.of("site.site-1.heartbeat"), what="a heartbeat")[-1][0]
-    assert list(beat.running_job_ids) == []
-    assert struct_to_dict(beat.resources)["free"] == {"gpu": 2}
+    assert sorted(beat.running_job_ids) == ["job-a", "job-b"]
+    assert struct_to_dict(beat.resources)["free"] == {"gpu": 0}
     assert events.of("site.site-1.online")
-    assert start(agent, "job-orphan").state == "LOST"  # a late start does not revive it
-    assert allocate(agent, "job-new", {"gpu": 2}) == {"gpu": [0, 1]}
+    refused = agent.call(site_pb2.CheckResourcesRequest(job_id="job-c",
+                                                        requirement=dict_to_struct({"gpu": 1})),
+                         site_pb2.CheckResourcesReply)
+    assert not refused.ok and refused.reason == "gpu 1 > 0 free"  # both GPUs are still held
+    assert start(agent, "job-a").pid == pids["job-a"]  # a redelivered start: no second run
+
+    os.killpg(pids["job-b"], signal.SIGTERM)  # a re-adopted client job ends on its own
+    [ended] = wait_for(lambda: events.ended("site-1", "job-b"), what="job-b's notice")
+    assert ended.exit_code == UNKNOWN_EXIT_CODE and "exit code unknown" in ended.reason
+    assert agent.job("job-b").state == "FINISHED"
+    assert allocate(agent, "job-c", {"gpu": 1}) == {"gpu": gpus["job-b"]}  # its GPU came back
+
+    aborted = agent.call(site_pb2.AbortRequest(job_id="job-a", reason="admin"),
+                         site_pb2.SiteJob)  # abort of a re-adopted job: its process group
+    assert (aborted.state, aborted.HasField("allocation")) == ("ABORTED", False)
+    assert not process.alive(pids["job-a"], None)
+    [notice] = wait_for(lambda: events.ended("site-1", "job-a"), what="job-a's notice")
+    assert notice.reason.endswith("(aborted: admin)")
+    assert start(agent, "job-dead").state == "LOST"  # a late start does not revive it
 
 
 def test_status_text_and_json(tmp_path: Path, bus_settings: Settings) -> None:
-    site_dir = write_site(tmp_path / "s", site="s1", broker_url=bus_settings.amqp_url,
-                          namespace=bus_settings.namespace, org="Org")
+    site_dir = write_site(tmp_path / "s", site="s1",
+                          broker_url=with_user(bus_settings.amqp_url,
+                                               Names(bus_settings.namespace).site_user("s1"),
+                                               "secret"),
+                          namespace=bus_settings.namespace,
+                          storage_url="http://127.0.0.1:9000/bucket", org="Org")
     text = run_cli("status", "--site-dir", str(site_dir))
     assert text.returncode == 0, text.stderr
     assert text.stdout.splitlines()[:3] == [

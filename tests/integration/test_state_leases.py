@@ -68,3 +68,31 @@ def test_release_then_acquire_gives_a_higher_token(state_store: StateStore) -> N
     assert state_store.get_lease("scheduler") is None
     second = state_store.acquire("scheduler", "a", 30)
     assert second is not None and second > first
+
+
+def test_take_over_fences_the_previous_holder_out(state_store: StateStore) -> None:
+    old = state_store.acquire("runner:r", "a", 30)
+    assert old is not None
+    assert state_store.take_over("runner:r", "c", 30, previous="b") is None  # a holds it
+    new = state_store.take_over("runner:r", "b", 30, previous="a")
+    assert new is not None and new > old
+    with pytest.raises(LeaseNotHeld, match="no longer held by a"):
+        state_store.renew("runner:r", "a", old, 30)
+    assert state_store.release("runner:r", "a", old) is False
+    lease = state_store.get_lease("runner:r")
+    assert lease is not None and (lease.holder, lease.token) == ("b", new)
+    again = state_store.take_over("runner:r", "b", 30, previous="a")  # by the holder itself
+    assert again is not None and again > new
+    with pytest.raises(LeaseNotHeld):
+        state_store.renew("runner:r", "b", new, 30)
+    assert state_store.take_over("job:free", "b", 30, previous="a") is not None
+
+
+def test_a_lease_taken_over_is_not_taken_back_after_it_lapsed(state_store: StateStore) -> None:
+    old = state_store.acquire("runner:r", "a", 30)
+    new = state_store.take_over("runner:r", "a", 0.2, previous="a")
+    assert old is not None and new is not None and new > old
+    wait_for(lambda: state_store.get_lease("runner:r") is None, timeout=5, what="lease expiry")
+    with pytest.raises(LeaseNotHeld):
+        state_store.renew("runner:r", "a", old, 30)
+    state_store.renew("runner:r", "a", new, 30)

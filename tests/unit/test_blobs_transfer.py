@@ -15,6 +15,7 @@ from fedhive.blobs.dtypes import bytes_to_numpy, numpy_to_bytes
 from fedhive.blobs.failures import parse_error_document, s3_failure
 from fedhive.blobs.transfer import GatherReader, Segment, plan_reads, slice_views
 from fedhive.errors import (
+    AlreadyExists,
     BlobAccessDenied,
     BlobNotFound,
     FedhiveError,
@@ -114,6 +115,9 @@ EXPIRED = (b'<?xml version="1.0"?><Error><Code>AccessDenied</Code>'
         (500, "InternalError", "", Unavailable, "500"),
         (429, "", "", Unavailable, "429"),
         (409, "Conflict", "x", FedhiveError, "409"),
+        (412, "PreconditionFailed", "", AlreadyExists, "exists already (a write-once write)"),
+        (412, "", "", AlreadyExists, "exists already"),  # a HEAD-like answer without a body
+        (409, "ConditionalRequestConflict", "", Unavailable, "409"),  # retried: then 412
         (404, "NoSuchUpload", "", InvalidArgument, "no such multipart upload"),
         (400, "InvalidPart", "etag mismatch", InvalidArgument, "InvalidPart: etag mismatch"),
     ],

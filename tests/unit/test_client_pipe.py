@@ -362,7 +362,8 @@ def test_the_executor_fails_tasks_clearly(exec_task: Callable[..., ExecTask]) ->
     assert executor._trainer is None
     # the client job never fetches what a trainer points at: only inline or uploaded refs
     with pytest.raises(TaskError, match=r"tensor 'w' of the trainer's result is not inline "
-                                        r"nor uploaded to its content key \(elsewhere/w.bin\)"):
+                                        r"nor at a key named by its checksum "
+                                        r"\(elsewhere/w.bin\)"):
         executor.execute(exec_task({"w": np.ones(2)}, behaviour="badref"))
     executor.finalize()
 

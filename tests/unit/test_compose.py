@@ -20,6 +20,7 @@ import yaml
 
 from fedhive.auth import Role
 from fedhive.config import Settings
+from fedhive.names import Names
 from fedhive.poc import compose as poc_compose
 from fedhive_services.gateway.main import parse_options
 from fedhive_services.job_runner.main import parse_args as runner_args
@@ -423,7 +424,9 @@ def test_the_cloud_site_template_is_a_valid_site_json(tmp_path: Path) -> None:
     (tmp_path / "local" / "site.json").write_text((CLOUD / "site.json.example").read_text())
     config = load_site(tmp_path)
     assert config.broker_url.startswith("amqps://")
-    assert pika.URLParameters(config.broker_url).credentials.username == config.site
+    assert pika.URLParameters(config.broker_url).credentials.username == \
+        Names(config.namespace).site_user(config.site)
+    assert config.storage_url.startswith("https://")
 
 
 def test_the_s3_policy_is_limited_to_one_bucket() -> None:

@@ -25,6 +25,8 @@ from fedhive_services.site_agent.config import load_site, load_site_resources
 
 from .deploy_scripts import admins_file, broker_setup, healthcheck
 
+STORAGE = "http://minio:9000/fedhive"
+
 
 class ManagementApi:
     """Stands in for RabbitMQ's management API: records what POST /api/definitions gets."""
@@ -77,7 +79,8 @@ def setup_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def _setup(management: ManagementApi, root: Path) -> int:
     me = pwd.getpwuid(os.getuid()).pw_name
     code: int = broker_setup.main(["site-a", "site-b", "--management-url", management.url,
-                                   "--sites-root", str(root), "--owner", me, "--wait", "2"])
+                                   "--sites-root", str(root), "--owner", me, "--wait", "2",
+                                   "--storage-url", STORAGE])
     return code
 
 
@@ -87,22 +90,27 @@ def test_broker_setup_creates_the_users_and_writes_each_site_folder(
     assert _setup(management, tmp_path) == 0
     [(path, document)] = management.posts
     assert path == "/api/definitions"
-    assert [user["name"] for user in document["users"]] == ["fedhive-services", "site-a", "site-b"]
-    expected = definitions([], "/")
-    assert document["vhosts"] == expected["vhosts"]
+    assert [user["name"] for user in document["users"]] == ["fedhive-services", "fh.site-a",
+                                                            "fh.site-b"]
+    expected = definitions([], "/", "fh")
+    assert (document["vhosts"], document["exchanges"]) == (expected["vhosts"],
+                                                           expected["exchanges"])
+    assert {x["name"] for x in document["exchanges"]} == {"fh.cmd", "fh.events", "fh.dlx",
+                                                          "fh.replies"}
     permissions = {p["user"]: (p["configure"], p["write"], p["read"])
                    for p in document["permissions"]}
     for user, wanted in (("fedhive-services", service_permissions("fh")),
-                         ("site-a", site_permissions("fh", "site-a"))):
+                         ("fh.site-a", site_permissions("fh", "site-a"))):
         assert permissions[user] == (wanted.configure, wanted.write, wanted.read)
-    assert len(document["topic_permissions"]) == 4  # two exchanges per site
+    assert len(document["topic_permissions"]) == 6  # three exchanges per site
     for site in ("site-a", "site-b"):
         config = load_site(tmp_path / site)
         load_site_resources(config)
         params = pika.URLParameters(config.broker_url)
         assert (config.site, config.namespace, params.host, params.port) == (site, "fh",
                                                                             "rabbitmq", 5672)
-        assert params.credentials.username == site
+        assert params.credentials.username == f"fh.{site}"
+        assert (config.services_user, config.storage_url) == ("fedhive-services", STORAGE)
         assert ((tmp_path / site / "local" / "site.json").stat().st_mode & 0o777) == 0o600
 
 
@@ -117,7 +125,7 @@ def test_broker_setup_again_keeps_passwords_and_operator_fields(
     assert json.loads(site_file.read_text()) == edited  # the same broker URL, fields kept
     password = pika.URLParameters(edited["broker_url"]).credentials.password
     for _, document in management.posts:  # the broker got that password both times
-        [user] = [user for user in document["users"] if user["name"] == "site-a"]
+        [user] = [user for user in document["users"] if user["name"] == "fh.site-a"]
         salted = base64.b64decode(user["password_hash"])
         assert salted[4:] == hashlib.sha256(salted[:4] + password.encode()).digest()
 
@@ -137,7 +145,7 @@ def test_broker_setup_refuses_a_wrong_admin_and_an_unsafe_password(
     assert right.posts == []
     monkeypatch.setenv("RABBITMQ_SERVICES_PASSWORD", "services-pw")
     assert broker_setup.main(["server", "--management-url", "http://127.0.0.1:1",
-                              "--sites-root", str(tmp_path)]) == 2
+                              "--sites-root", str(tmp_path), "--storage-url", STORAGE]) == 2
     assert "site 'server': 'server' is reserved" in capsys.readouterr().err
 
 
@@ -145,7 +153,8 @@ def test_broker_setup_refuses_a_wrong_admin_and_an_unsafe_password(
 def test_broker_setup_gives_up_when_the_management_api_never_answers(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = broker_setup.main(["site-a", "--management-url", f"http://127.0.0.1:{unused_port()}",
-                              "--sites-root", str(tmp_path), "--wait", "1"])
+                              "--sites-root", str(tmp_path), "--wait", "1",
+                              "--storage-url", STORAGE])
     assert code == 2
     assert "did not answer within 1 s" in capsys.readouterr().err
 
@@ -195,7 +204,8 @@ def test_the_connection_probe_sees_established_connections_only(
         site_dir = tmp_path / "site"
         (site_dir / "local").mkdir(parents=True)
         (site_dir / "local" / "site.json").write_text(json.dumps(
-            {"site": "s1", "broker_url": f"amqp://s1:pw@127.0.0.1:{port}/%2F"}))
+            {"site": "s1", "broker_url": f"amqp://fedhive.s1:pw@127.0.0.1:{port}/%2F",
+             "storage_url": STORAGE}))
         assert healthcheck.main(["site", "--site-dir", str(site_dir)]) == 0
         assert healthcheck.main(["site", "--site-dir", str(tmp_path / "no-site")]) == 1
     finally:

@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
-from fedhive.errors import NotFound
+from fedhive.errors import FailedPrecondition, NotFound
 from fedhive.resources import (
     AutoCleanResourceManager,
+    CheckResult,
     GPUResourceManager,
     ListResourceManager,
+    ResourceManagerSpec,
 )
 
 EXPIRY_S = 60.0
@@ -51,12 +53,16 @@ class Impl:
     need: Callable[[int], dict[str, Any]]  # requirement for n units
     bad: list[tuple[Any, str]]  # (requirement, key its "no" reason must name)
     free_key: str  # key of report_resources()["free"] that counts free units
+    restart: Callable[[], AutoCleanResourceManager]  # a new manager, as after an agent restart
 
 
 def _gpu(clock: FakeClock) -> Impl:
-    manager = GPUResourceManager(
-        4, 8, devices=FakeDevices([16.0] * 4), expiration_period=EXPIRY_S, clock=clock
-    )
+    def build() -> GPUResourceManager:
+        return GPUResourceManager(
+            4, 8, devices=FakeDevices([16.0] * 4), expiration_period=EXPIRY_S, clock=clock
+        )
+
+    manager = build()
     bad = [
         ({"num_of_gpus": -1}, "num_of_gpus"),
         ({"num_of_gpus": True}, "num_of_gpus"),
@@ -68,13 +74,16 @@ def _gpu(clock: FakeClock) -> Impl:
         ({"num_of_gpus": 1, "cpus": 2}, "cpus"),
         ({"mem_per_gpu_in_GiB": 2}, "num_of_gpus"),
     ]
-    return Impl(manager, clock, lambda n: {"num_of_gpus": n}, bad, "num_of_gpus")
+    return Impl(manager, clock, lambda n: {"num_of_gpus": n}, bad, "num_of_gpus", build)
 
 
 def _list(clock: FakeClock) -> Impl:
-    manager = ListResourceManager(
-        {"gpu": [0, 1, 2, 3], "port": [9000]}, expiration_period=EXPIRY_S, clock=clock
-    )
+    def build() -> ListResourceManager:
+        return ListResourceManager(
+            {"gpu": [0, 1, 2, 3], "port": [9000]}, expiration_period=EXPIRY_S, clock=clock
+        )
+
+    manager = build()
     bad = [
         ({"gpu": -1}, "gpu"),
         ({"gpu": True}, "gpu"),
@@ -82,7 +91,7 @@ def _list(clock: FakeClock) -> Impl:
         ({"gpu": None}, "gpu"),
         ({"gpu": 1, "tpu": 1}, "tpu"),
     ]
-    return Impl(manager, clock, lambda n: {"gpu": n}, bad, "gpu")
+    return Impl(manager, clock, lambda n: {"gpu": n}, bad, "gpu", build)
 
 
 @pytest.fixture(params=[_gpu, _list], ids=["gpu", "list"])
@@ -267,3 +276,90 @@ def test_concurrent_cancel_free_and_expiry_keep_the_pool_whole(impl: Impl) -> No
     for thread in threads:
         thread.join()
     assert free(impl) == 4
+
+
+def _restarted(impl: Impl, units: int) -> tuple[AutoCleanResourceManager, str, dict[str, Any]]:
+    """A token and its allocation of `units` from `impl.manager`, and a new manager (the
+    restarted agent's) that knows nothing of them."""
+    token = impl.manager.check_resources(impl.need(units)).token
+    return impl.restart(), token, impl.manager.allocate_resources(token)
+
+
+def test_restore_takes_an_allocation_again_after_a_restart(impl: Impl) -> None:
+    manager, token, held = _restarted(impl, 2)
+    manager.restore(token, held)
+    impl.manager = manager
+    assert free(impl) == 2
+    assert manager.report_resources()["allocations"] == 1
+    manager.restore(token, held)  # restoring again is a no-op
+    assert free(impl) == 2
+    assert manager.allocate_resources(token) == held  # as if just allocated
+    impl.clock.now += 100 * EXPIRY_S  # an allocation, not a reservation: it never expires
+    assert free(impl) == 2
+    assert not manager.check_resources(impl.need(3)).ok
+    assert manager.cancel_resources(token) is False  # a late cancel takes nothing
+    assert manager.free_resources(token) is True
+    assert free(impl) == 4
+    assert manager.free_resources(token) is False
+
+
+def test_restore_of_units_not_free_or_unknown_takes_nothing(impl: Impl) -> None:
+    manager, token, held = _restarted(impl, 2)
+    other = manager.check_resources(impl.need(1)).token
+    assert manager.allocate_resources(other) == {"gpu": [0]}  # one of `held`'s units
+    impl.manager = manager
+    with pytest.raises(FailedPrecondition, match=r"cannot restore .* not free") as err:
+        manager.restore(token, held)
+    assert err.value.field == "allocation"
+    for bad in ({"gpu": [7]}, {"gpu": [1, 1]}, {"gpu": []}, {"gpu": "1"}, {"gpu": [None]},
+                {"tpu": [1]}):
+        with pytest.raises(FailedPrecondition, match="cannot restore"):
+            manager.restore(token, bad)
+    assert free(impl) == 3  # unit 1 was not taken by the refused restores
+    assert manager.report_resources()["allocations"] == 1
+
+
+def test_restore_of_a_token_holding_something_else_is_refused(impl: Impl) -> None:
+    manager, token, held = _restarted(impl, 1)
+    manager.restore(token, held)
+    with pytest.raises(FailedPrecondition, match="already holds") as err:
+        manager.restore(token, {"gpu": [3]})
+    assert err.value.field == "token"
+    reserved = manager.check_resources(impl.need(1)).token
+    with pytest.raises(FailedPrecondition, match="is a reservation"):
+        manager.restore(reserved, {"gpu": [3]})
+    impl.manager = manager
+    assert free(impl) == 2
+
+
+def test_restore_of_nothing_holds_nothing(impl: Impl) -> None:
+    empty = impl.manager.check_resources({}).token
+    manager = impl.restart()
+    manager.restore(empty, {})
+    manager.restore("any-token", {})
+    assert manager.report_resources()["allocations"] == 0
+    assert manager.allocate_resources(empty) == {}
+
+
+class _OldManager(ResourceManagerSpec):
+    """A manager written before `restore` existed."""
+
+    def check_resources(self, requirement: Any) -> CheckResult:
+        return CheckResult.yes("t")
+
+    def cancel_resources(self, token: str) -> bool:
+        return False
+
+    def allocate_resources(self, token: str) -> dict[str, Any]:
+        return {}
+
+    def free_resources(self, token: str) -> bool:
+        return False
+
+    def report_resources(self) -> dict[str, Any]:
+        return {}
+
+
+def test_a_manager_without_restore_refuses_it() -> None:
+    with pytest.raises(FailedPrecondition, match="_OldManager cannot restore an allocation"):
+        _OldManager().restore("t", {"gpu": [0]})

@@ -9,7 +9,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from fedhive.errors import ConfigError, InvalidArgument
+from fedhive.errors import ConfigError, FailedPrecondition, InvalidArgument
 from fedhive.resources import (
     GPUResourceConsumer,
     GPUResourceManager,
@@ -85,6 +85,21 @@ def test_memory_requirement_is_per_gpu() -> None:
     assert manager.check_resources({"num_of_gpus": 1, "mem_per_gpu_in_GiB": 8}).ok
     result = manager.check_resources({"num_of_gpus": 1, "mem_per_gpu_in_GiB": 8.5})
     assert result.reason == "mem_per_gpu_in_GiB 8.5 > 8 per GPU on this site"
+
+
+def test_restore_of_gpus_names_the_device_and_keeps_the_others_free() -> None:
+    manager = GPUResourceManager(2, 8, device_ids=[1, 3], devices=FakeDevices([8.0] * 4))
+    with pytest.raises(FailedPrecondition, match=r"GPU 0 is not managed on this site "
+                                                 r"\(managed: \[1, 3\]\)"):
+        manager.restore("t1", {"gpu": [0]})
+    with pytest.raises(FailedPrecondition, match=r"a GPU allocation is \{'gpu': \[device ids\]\}"):
+        manager.restore("t1", {"gpu": [3], "port": [1]})
+    manager.restore("t1", {"gpu": [3.0]})  # as it would come back from a Struct
+    assert manager.report_resources()["free"] == {"num_of_gpus": 1, "gpu": [1]}
+    with pytest.raises(FailedPrecondition, match="GPU 3 is not free"):
+        manager.restore("t2", {"gpu": [1, 3]})
+    assert manager.allocate_resources(manager.check_resources({"num_of_gpus": 1}).token) == {
+        "gpu": [1]}
 
 
 def test_gpu_less_site_answers_gpu_jobs_no_and_others_yes() -> None:
@@ -175,6 +190,20 @@ def test_list_manager_reserves_several_kinds_all_or_nothing() -> None:
     assert manager.report_resources()["free"] == {"gpu": 2, "port": 2}
     token = manager.check_resources({"gpu": 1, "port": 2}).token
     assert manager.allocate_resources(token) == {"gpu": [0], "port": ["9000", "9001"]}
+
+
+def test_list_manager_restores_several_kinds_all_or_nothing() -> None:
+    manager = ListResourceManager({"gpu": [0, 1], "port": ["9000", "9001"]})
+    with pytest.raises(FailedPrecondition, match="port unit '9002' is not on this site"):
+        manager.restore("t1", {"gpu": [1], "port": ["9002"]})
+    with pytest.raises(FailedPrecondition, match="port unit 9000 is not on this site"):
+        manager.restore("t1", {"port": [9000]})  # units keep their type: "9000" is not 9000
+    assert manager.report_resources()["free"] == {"gpu": 2, "port": 2}
+    manager.restore("t1", {"gpu": [1], "port": ["9001"]})
+    token = manager.check_resources({"gpu": 1, "port": 1}).token
+    assert manager.allocate_resources(token) == {"gpu": [0], "port": ["9000"]}
+    assert manager.free_resources("t1")
+    assert manager.report_resources()["free"] == {"gpu": 1, "port": 1}
 
 
 @pytest.mark.parametrize(

@@ -151,7 +151,7 @@ CASES: list[tuple[str, Any, str, str]] = [
         "abstract",
         manager_with(path="fedhive.resources.auto_clean.AutoCleanResourceManager"),
         "components[0].path",
-        "is abstract (does not implement _free, _invalid",
+        "is abstract (does not implement _claim, _free, _invalid",
     ),
     ("args not object", manager_with(args=[1]), "components[0].args", "must be an object"),
     (

@@ -6,6 +6,7 @@ from fedhive.blobs.dtypes import DTYPES, bfloat16_bits_to_float32
 from fedhive.blobs.http import HttpPool, PresignedFetcher, Resign
 from fedhive.blobs.keys import content_key
 from fedhive.blobs.port import (
+    WRITE_ONCE_HEADERS,
     BlobLocation,
     BlobStore,
     MultipartGrant,
@@ -27,6 +28,7 @@ from fedhive.blobs.upload import PresignedUploader
 
 __all__ = [
     "DTYPES",
+    "WRITE_ONCE_HEADERS",
     "BlobLocation",
     "BlobStore",
     "HttpPool",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from xml.etree import ElementTree
 
 from fedhive.errors import (
+    AlreadyExists,
     BlobAccessDenied,
     BlobNotFound,
     FedhiveError,
@@ -17,8 +18,11 @@ from fedhive.errors import (
     Unavailable,
 )
 
+# ConditionalRequestConflict (409): AWS's answer to a conditional write racing another write
+# of the key; retried, it answers 412 or succeeds
 _THROTTLED = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
-                        "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"})
+                        "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed",
+                        "ConditionalRequestConflict"})
 _BAD_MULTIPART = frozenset({"InvalidPart", "InvalidPartOrder", "EntityTooSmall", "NoSuchUpload",
                             "MalformedXML"})
 _AUTH_400 = frozenset({"ExpiredToken", "AuthorizationQueryParametersError", "InvalidToken",
@@ -50,6 +54,9 @@ def s3_failure(status: int, code: str, message: str, key: str, action: str) -> F
         else:
             reason = f"access denied ({code or status}: {message or 'no detail'})"
         return BlobAccessDenied(f"{action} blob {key}: {reason}", field=key)
+    if status == 412 or code == "PreconditionFailed":  # a write-once write (`If-None-Match: *`)
+        return AlreadyExists(f"{action} blob {key}: the object exists already (a write-once "
+                             "write)", field=key)
     if status == 416 or code == "InvalidRange":
         return InvalidArgument(f"{action} blob {key}: byte range outside the object", field=key)
     if status >= 500 or status == 429 or code in _THROTTLED:

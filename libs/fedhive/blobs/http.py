@@ -154,17 +154,23 @@ class HttpPool:
 
 
 def put_object(
-    pool: HttpPool, backoff: Backoff, url: str, key: str, views: Sequence[memoryview]
+    pool: HttpPool,
+    backoff: Backoff,
+    url: str,
+    key: str,
+    views: Sequence[memoryview],
+    headers: Mapping[str, str] | None = None,
 ) -> str:
-    """PUT the concatenation of `views` to a presigned URL, retrying transient failures;
-    returns the ETag S3 answered (empty if none)."""
+    """PUT the concatenation of `views` to a presigned URL with `headers` (those it was signed
+    with, e.g. `WRITE_ONCE_HEADERS`), retrying transient failures; returns the ETag S3
+    answered (empty if none)."""
 
     def answered(response: http.client.HTTPResponse) -> str:
         response.read()
         return response.getheader("ETag") or ""
 
     def once() -> str:
-        return pool.exchange("PUT", url, key, {}, GatherReader(views), answered)
+        return pool.exchange("PUT", url, key, headers or {}, GatherReader(views), answered)
 
     def on_retry(err: BaseException, wait: float) -> None:
         log.warning("presigned upload retried", key=key, error=str(err), wait=wait)

@@ -9,11 +9,14 @@ through presigned PUT URLs or a `MultipartGrant` that a credentialed process mad
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import BinaryIO, Protocol, runtime_checkable
 
 Bytes = bytes | bytearray | memoryview
+# What a PUT to a write-once presigned URL (`BlobStore.presign_put(write_once=True)`) carries
+WRITE_ONCE_HEADERS: Mapping[str, str] = MappingProxyType({"If-None-Match": "*"})
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,13 @@ class BlobStore(RangeFetcher, Protocol):
 
     def presign_get(self, key: str, expires_in: int) -> PresignedUrl: ...
 
-    def presign_put(self, key: str, expires_in: int) -> PresignedUrl: ...
+    def presign_put(
+        self, key: str, expires_in: int, *, write_once: bool = False
+    ) -> PresignedUrl:
+        """A presigned PUT of `key`. With `write_once` the URL works only for a PUT carrying
+        `If-None-Match: *` (`WRITE_ONCE_HEADERS`, a signed header) and only while `key` holds
+        no object: S3 answers 412 after that, so the URL cannot rewrite what it wrote."""
+        ...
 
     def presign_multipart(
         self, key: str, size: int, part_size: int, expires_in: int
@@ -111,9 +120,14 @@ class BlobStore(RangeFetcher, Protocol):
         when one is configured."""
         ...
 
-    def complete_multipart(self, key: str, upload_id: str, etags: Sequence[str]) -> None:
+    def complete_multipart(
+        self, key: str, upload_id: str, etags: Sequence[str], *, write_once: bool = False
+    ) -> None:
         """Assemble the object from its parts (`etags[i]` is part i+1's ETag, as the part
-        PUT answered it). Raises InvalidArgument for a wrong part list or an unknown upload."""
+        PUT answered it). Raises InvalidArgument for a wrong part list or an unknown upload;
+        with `write_once`, AlreadyExists when `key` holds an object already (nothing is
+        written: S3's conditional write, `If-None-Match: *`, which a store without it
+        ignores)."""
         ...
 
     def abort_multipart(self, key: str, upload_id: str) -> None:

@@ -72,6 +72,11 @@ _MAX_EXPIRY = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
 _MIN_PART = 5 * MiB  # S3's smallest part (all but the last)
 
 
+def _condition(write_once: bool) -> dict[str, Any]:
+    """S3's conditional write (AWS, MinIO, SeaweedFS): refused with 412 when the key exists."""
+    return {"IfNoneMatch": "*"} if write_once else {}
+
+
 def _stream(views: list[memoryview]) -> IO[bytes]:
     """An upload body streamed from the caller's buffers (botocore reads it in small blocks)."""
     return cast(IO[bytes], GatherReader(views))
@@ -286,8 +291,21 @@ class S3BlobStore:
     def presign_get(self, key: str, expires_in: int) -> PresignedUrl:
         return self._presign("get_object", key, expires_in)
 
-    def presign_put(self, key: str, expires_in: int) -> PresignedUrl:
-        return self._presign("put_object", key, expires_in)
+    def presign_put(
+        self, key: str, expires_in: int, *, write_once: bool = False
+    ) -> PresignedUrl:
+        # the condition is a signed header (X-Amz-SignedHeaders: host;if-none-match): a PUT
+        # without it does not match the signature (403), one with it is refused once the key
+        # exists (412)
+        return self._presign("put_object", key, expires_in, **_condition(write_once))
+
+    def url_prefix(self) -> str:
+        """What the address of every presigned URL of this store starts with: scheme, host,
+        port and, path-style, the bucket (a site's `storage_url`: it deploys only bundles from
+        under it). Signing is local: no request is made."""
+        probe = "fedhive-url-prefix-probe"
+        url = self._presign("get_object", probe, 60).url.split("?", 1)[0]
+        return url.removesuffix(f"/{probe}")
 
     # --- multipart uploads by someone without credentials -------------------------------------
     def presign_multipart(
@@ -312,7 +330,9 @@ class S3BlobStore:
         ]
         return MultipartGrant(upload_id, part_size, urls)
 
-    def complete_multipart(self, key: str, upload_id: str, etags: Sequence[str]) -> None:
+    def complete_multipart(
+        self, key: str, upload_id: str, etags: Sequence[str], *, write_once: bool = False
+    ) -> None:
         if not etags or not all(etags):
             raise InvalidArgument(
                 f"completing blob {key}: {len(etags)} part ETags, some empty or none",
@@ -326,7 +346,7 @@ class S3BlobStore:
             key,
             lambda: self._client.complete_multipart_upload(
                 Bucket=self._bucket, Key=key, UploadId=upload_id,
-                MultipartUpload={"Parts": parts},
+                MultipartUpload={"Parts": parts}, **_condition(write_once),
             ),
         )
 
@@ -354,9 +374,9 @@ class S3BlobStore:
     def _presign(self, method: str, key: str, expires_in: int, **params: Any) -> PresignedUrl:
         self._check_expiry(expires_in)
         expires_at_ms = int(time.time() * 1000) + expires_in * 1000
-        url = self._presigner.generate_presigned_url(
+        url = self._call("signing", key, lambda: self._presigner.generate_presigned_url(
             method, Params={"Bucket": self._bucket, "Key": key, **params}, ExpiresIn=expires_in
-        )
+        ))
         return PresignedUrl(url, expires_at_ms)
 
     def _put_multipart(self, key: str, views: list[memoryview], total: int) -> None:

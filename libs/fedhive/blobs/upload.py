@@ -2,6 +2,7 @@
 
     uploader = PresignedUploader()
     uploader.put(url, key, array)                      # one PUT (small objects)
+    uploader.put(url, key, array, headers=WRITE_ONCE_HEADERS)  # to a write-once URL
     etags = uploader.put_parts(grant, key, array)      # a MultipartGrant: parts in parallel
     # ... the grant's issuer completes the upload with `etags` (BlobStore.complete_multipart)
 
@@ -9,6 +10,11 @@ Bodies are streamed from the caller's buffers (numpy arrays, bytes, lists of the
 joined copy. Each part is retried on its own (`fedhive.retry.Backoff`, transient failures
 only), so one bad connection costs one part, not the object. Timeouts measure lack of
 progress (see `fedhive.blobs.http`): a slow part that keeps moving is never cut off.
+
+A write-once PUT (`BlobStore.presign_put(write_once=True)`) that S3 refuses because the key
+holds an object (412) counts as done: a key given to one writer only is that writer's own
+earlier upload, e.g. one whose answer was lost and that the retry sent again. Whether the bytes
+are right is for the reader to check (checksums), as for any object.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import http.client
 import ssl
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import structlog
@@ -24,7 +30,7 @@ import structlog
 from fedhive.blobs.http import HttpPool, put_object
 from fedhive.blobs.port import Bytes, MultipartGrant
 from fedhive.blobs.transfer import GatherReader, body_views, slice_views
-from fedhive.errors import FedhiveError, InvalidArgument, Unavailable
+from fedhive.errors import AlreadyExists, FedhiveError, InvalidArgument, Unavailable
 from fedhive.retry import Backoff
 
 log = structlog.get_logger()
@@ -54,11 +60,17 @@ class PresignedUploader:
         with self._lock:
             return self._bytes
 
-    def put(self, url: str, key: str, body: Bytes | Sequence[Bytes]) -> None:
-        """One PUT of `body` (one buffer or several, concatenated) to a presigned URL; `key`
-        names the object in errors."""
+    def put(self, url: str, key: str, body: Bytes | Sequence[Bytes], *,
+            headers: Mapping[str, str] | None = None) -> None:
+        """One PUT of `body` (one buffer or several, concatenated) to a presigned URL, with the
+        `headers` it was signed with; `key` names the object in errors. A write-once key that
+        is written already (412) is no error: nothing is sent again."""
         views = body_views(body)
-        put_object(self._pool, self._backoff, url, key, views)
+        try:
+            put_object(self._pool, self._backoff, url, key, views, headers)
+        except AlreadyExists:
+            log.debug("write-once object written already", key=key)
+            return
         self._count(sum(len(v) for v in views))
 
     def put_parts(

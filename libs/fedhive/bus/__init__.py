@@ -30,6 +30,7 @@ from fedhive.bus.codec import Encoded, TypeRegistry
 from fedhive.bus.consumer import Consumer, Delivery, Handler
 from fedhive.bus.port import Bus, Subscription
 from fedhive.bus.rabbitmq import RabbitBus
+from fedhive.bus.senders import Senders
 from fedhive.bus.topology import QueueSpec, Topology
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "Handler",
     "QueueSpec",
     "RabbitBus",
+    "Senders",
     "Subscription",
     "Topology",
     "TypeRegistry",

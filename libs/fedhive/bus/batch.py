@@ -14,6 +14,8 @@ parameters, `connect` with the reconnect backoff, `Topology` declarations, `Type
 decoding, `Delivery`), so queue, dead-letter queue and bindings are exactly those of
 `Bus.subscribe`. Semantics:
 * a malformed message (no/unknown type, body that does not parse) is dead-lettered at once;
+* a message from a sender the queue does not accept (`Senders`) is dropped with a security log
+  line, as `Consumer` does;
 * `handle_batch` returning: the batch is acked (the handler drops what it refuses itself);
 * `handle_batch` raising: the batch is requeued after a backoff; the quorum queue's delivery
   limit dead-letters messages that keep failing;
@@ -36,6 +38,7 @@ from google.protobuf.message import Message
 from fedhive.bus.codec import TypeRegistry
 from fedhive.bus.connection import RECONNECT, connect
 from fedhive.bus.consumer import Delivery
+from fedhive.bus.senders import Senders
 from fedhive.bus.topology import QueueSpec, Topology
 from fedhive.errors import MalformedMessage, Unavailable
 from fedhive.retry import Backoff
@@ -55,6 +58,7 @@ class BatchConsumer:
         spec: QueueSpec,
         accepts: TypeRegistry,
         handle_batch: BatchHandler,
+        senders: Senders,
         *,
         max_batch: int = 500,
         max_wait_s: float = 0.1,
@@ -66,6 +70,7 @@ class BatchConsumer:
         self._topology = topology
         self._accepts = accepts
         self._handle_batch = handle_batch
+        self._senders = senders
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
         self._poll_s = poll_s
@@ -73,8 +78,15 @@ class BatchConsumer:
         self._stopping = threading.Event()
         self._ready = threading.Event()
         self._failures = 0
+        self._consuming_since: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"batch-consumer-{spec.name}")
         self._log = log.bind(queue=spec.name)
+
+    @property
+    def consuming_since(self) -> float | None:
+        """`time.monotonic()` when the current connection began consuming; None while
+        (re)connecting: what it missed meanwhile is not known."""
+        return self._consuming_since
 
     def start(self, timeout: float = 30.0) -> None:
         """Start consuming; returns once the queue is declared and consumed from."""
@@ -113,6 +125,7 @@ class BatchConsumer:
             self._topology.declare_queue(channel, self.spec)
             channel.basic_qos(prefetch_count=self._prefetch)
             channel.basic_consume(self.spec.name, partial(self._on_message, batch, tags))
+            self._consuming_since = time.monotonic()
             self._ready.set()
             self._log.info("bus.consuming", batch=self._max_batch)
             deadline = 0.0  # when the batch in hand must be settled (set by its first message)
@@ -130,12 +143,19 @@ class BatchConsumer:
             if batch:
                 self._settle(channel, batch, tags)
         finally:
+            self._consuming_since = None
             if connection.is_open:
                 connection.close()
 
     def _on_message(
         self, batch: Batch, tags: list[int], channel: Any, method: Any, props: Any, body: bytes
     ) -> None:
+        if not self._senders.accepts(props.user_id):
+            self._log.warning("bus.sender_refused", security=True, sender=props.user_id,
+                              accepted=self._senders.describe(), type=props.type,
+                              message_id=props.message_id, routing_key=method.routing_key)
+            channel.basic_ack(method.delivery_tag)
+            return
         try:
             message = self._accepts.decode(props.type, body, queue=self.spec.name)
         except MalformedMessage as err:

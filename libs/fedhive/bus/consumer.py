@@ -11,8 +11,17 @@ connection thread replies/acks. So a message is acked only after its handler ret
 * raised anything else (transient): nack with requeue after a short backoff; after N failed
   deliveries it is dead-lettered (a quorum queue's delivery limit; on a classic queue, which
   counts nothing, the consumer counts by message id and rejects it itself);
-* malformed (body does not parse, type missing or not accepted): dead-lettered at once with
-  its raw bytes, logged with a one-line reason.
+* malformed (body does not parse, type missing or not accepted; a `reply_to` that is neither
+  a direct reply-to nor a services reply queue): dead-lettered at once with its raw bytes,
+  logged with a one-line reason;
+* from a sender the queue does not accept (`Senders`: the broker-verified `user_id`, never a
+  field of the body): refused before it is decoded, logged as a security event
+  (`bus.sender_refused`), answered with PERMISSION_DENIED when it is an RPC request, and
+  dropped (a dead-letter queue would only let the sender fill it).
+
+Replies go back where `reply_to` says: a direct reply-to name through the default exchange (a
+caller on a site's connection), a services reply queue (`Names.reply_queue`) through the
+replies exchange (a site may not publish to the default exchange).
 
 On a lost connection the thread reconnects with backoff, re-declares its queue and resumes;
 unacked messages are redelivered by the broker.
@@ -38,8 +47,9 @@ from google.protobuf.message import Message
 from fedhive.bus.codec import Encoded, TypeRegistry, error_message
 from fedhive.bus.connection import RECONNECT, connect, user_name
 from fedhive.bus.publisher import DEADLINE_HEADER, properties
+from fedhive.bus.senders import Senders
 from fedhive.bus.topology import QUORUM, QueueSpec, Topology
-from fedhive.errors import FedhiveError, MalformedMessage, Unavailable
+from fedhive.errors import FedhiveError, MalformedMessage, PermissionDenied, Unavailable
 from fedhive.proto.v1 import common_pb2
 from fedhive.retry import Backoff
 
@@ -48,6 +58,7 @@ log = structlog.get_logger()
 # Wait before requeueing a message whose handler failed transiently (attempt = deliveries so far).
 REDELIVERY = Backoff(base=0.05, cap=2.0)
 _COUNTED = 10_000  # message ids whose failed deliveries a classic queue's consumer remembers
+DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
 
 
 @dataclass(frozen=True)
@@ -114,10 +125,10 @@ class Consumer:
         spec: QueueSpec,
         handler: Handler,
         accepts: TypeRegistry,
+        senders: Senders,
         *,
         prefetch: int = 1,
         concurrency: int = 1,
-        sign: bool = False,
         redelivery: Backoff = REDELIVERY,
     ) -> None:
         self.spec = spec
@@ -125,8 +136,10 @@ class Consumer:
         self._topology = topology
         self._handler = handler
         self._accepts = accepts
+        self._senders = senders
         self._prefetch = max(prefetch, concurrency)
-        self._user_id = user_name(params) if sign else None
+        self._user_id = user_name(params)
+        self._reply_prefix = topology.names.reply_queue("")
         self._redelivery = redelivery
         # failed deliveries by message id, counted here when the broker does not (classic)
         self._failed: OrderedDict[str, int] | None = (
@@ -135,7 +148,7 @@ class Consumer:
         self._stopping = threading.Event()
         self._ready = threading.Event()
         self._consumed = False  # whether the current connection got as far as consuming
-        self._consuming = False
+        self._consuming_since: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"bus-consumer-{spec.name}")
         self._log = log.bind(queue=spec.name)
 
@@ -150,7 +163,13 @@ class Consumer:
     @property
     def consuming(self) -> bool:
         """Whether new deliveries are being taken right now (false while reconnecting)."""
-        return self._consuming
+        return self._consuming_since is not None
+
+    @property
+    def consuming_since(self) -> float | None:
+        """`time.monotonic()` when the current connection began consuming; None while
+        (re)connecting: what it missed meanwhile is not known."""
+        return self._consuming_since
 
     def stop(self) -> None:
         """Stop consuming, let running handlers finish and settle, close, join the threads."""
@@ -183,17 +202,18 @@ class Consumer:
             self._topology.declare_queue(channel, self.spec)
             channel.basic_qos(prefetch_count=self._prefetch)
             tag = channel.basic_consume(self.spec.name, partial(self._on_message, session))
-            self._consumed = self._consuming = True
+            self._consumed = True
+            self._consuming_since = time.monotonic()
             self._ready.set()
             self._log.info("bus.consuming")
             while not self._stopping.is_set():
                 connection.process_data_events(time_limit=0.2)
             channel.basic_cancel(tag)
-            self._consuming = False
+            self._consuming_since = None
             while session.unsettled:  # handlers still running: let them finish and settle
                 connection.process_data_events(time_limit=0.1)
         finally:
-            self._consuming = False
+            self._consuming_since = None
             if connection.is_open:
                 connection.close()
 
@@ -205,6 +225,15 @@ class Consumer:
             delivery = replace(delivery,
                                delivery_count=self._failed.get(delivery.message_id or "", 0))
         tag = method.delivery_tag
+        if not self._senders.accepts(delivery.user_id):
+            self._refuse(channel, delivery, tag)
+            return
+        if delivery.reply_to and not self._routable(delivery):
+            self._log.warning("bus.dead_letter_malformed", message_id=props.message_id,
+                              reason=f"reply_to {delivery.reply_to[:100]!r} is not a reply "
+                                     "address of the sender", sender=delivery.user_id)
+            channel.basic_reject(tag, requeue=False)
+            return
         deadline = delivery.headers.get(DEADLINE_HEADER)
         if deadline is not None and time.time() * 1000 > deadline:
             self._log.info("bus.expired_request_dropped", message_id=props.message_id,
@@ -221,6 +250,37 @@ class Consumer:
         session.unsettled.add(tag)
         future = self._pool.submit(self._handle, message, delivery)
         future.add_done_callback(partial(self._hand_back, session, tag, delivery))
+
+    def _refuse(self, channel: Any, delivery: Delivery, tag: int) -> None:
+        """A message from a sender this queue does not accept: logged, answered, dropped."""
+        self._log.warning("bus.sender_refused", security=True, sender=delivery.user_id,
+                          accepted=self._senders.describe(), type=delivery.type_name,
+                          message_id=delivery.message_id, routing_key=delivery.routing_key)
+        if delivery.reply_to and self._routable(delivery):
+            refusal = PermissionDenied(
+                f"{self.spec.name} does not accept messages from broker user "
+                f"{delivery.user_id or '(none: unsigned)'!r}", field="user_id")
+            self._reply(channel, delivery, error_message(refusal))
+        channel.basic_ack(tag)
+
+    def _routable(self, delivery: Delivery) -> bool:
+        """A direct reply-to (unless this is a site's consumer: a site may not publish to the
+        default exchange), or a services reply queue when a non-site user asks: a site cannot
+        have an answer published into the services' reply queues."""
+        reply_to = delivery.reply_to or ""
+        if reply_to.startswith(DIRECT_REPLY_TO):
+            return not self._topology.site
+        return (reply_to.startswith(self._reply_prefix)
+                and self._topology.names.site_of_user(delivery.user_id) is None)
+
+    def _reply(self, channel: Any, delivery: Delivery, reply: Message | Encoded) -> None:
+        body, kind = ((reply.body, reply.message_type) if isinstance(reply, Encoded)
+                      else (reply.SerializeToString(), reply))
+        reply_to = delivery.reply_to or ""
+        exchange = "" if reply_to.startswith(DIRECT_REPLY_TO) else \
+            self._topology.names.replies_exchange
+        channel.basic_publish(exchange, reply_to, body, properties(
+            kind, user_id=self._user_id, correlation_id=delivery.correlation_id))
 
     def _hand_back(
         self, session: _Session, tag: int, delivery: Delivery, future: Future[_Outcome]
@@ -242,15 +302,7 @@ class Consumer:
         failed = future.cancelled() or future.exception() is not None
         outcome = _Outcome(retry=True) if failed else future.result()
         if outcome.reply is not None and delivery.reply_to:
-            reply = outcome.reply
-            body, kind = ((reply.body, reply.message_type) if isinstance(reply, Encoded)
-                          else (reply.SerializeToString(), reply))
-            channel.basic_publish(
-                "",
-                delivery.reply_to,
-                body,
-                properties(kind, user_id=self._user_id, correlation_id=delivery.correlation_id),
-            )
+            self._reply(channel, delivery, outcome.reply)
         if outcome.retry and not self._gives_up(delivery):
             wait = self._redelivery.delay(delivery.delivery_count + 1)
             session.connection.call_later(wait, partial(self._requeue, session, tag))

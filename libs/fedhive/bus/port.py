@@ -9,17 +9,27 @@ from google.protobuf.message import Message
 
 from fedhive.bus.batch import BatchHandler
 from fedhive.bus.consumer import Handler
+from fedhive.bus.senders import Senders
 from fedhive.errors import FedhiveError
+from fedhive.names import Names
 
 M = TypeVar("M", bound=Message)
 
 
 class Subscription(Protocol):
+    @property
+    def consuming_since(self) -> float | None:
+        """`time.monotonic()` when the current connection began consuming; None while
+        (re)connecting: what it missed meanwhile is not known."""
+
     def stop(self) -> None:
         """Stop consuming, let the running handler finish, release the connection."""
 
 
 class Bus(Protocol):
+    user: str  # this bus's broker user: what every message it sends carries as `user_id`
+    names: Names  # the namespace's queue and exchange names
+
     def declare_queue(self, queue: str, binding_keys: Sequence[str] = ()) -> None:
         """Declare a command queue (and its dead-letter queue) without consuming from it."""
 
@@ -51,14 +61,16 @@ class Bus(Protocol):
         accepts: Iterable[type[Message]],
         *,
         binding_keys: Sequence[str] = (),
+        senders: Senders | None = None,
         prefetch: int = 1,
         concurrency: int = 1,
         replicated: bool = True,
     ) -> Subscription:
         """Consume commands and RPC requests from `queue` (declared if needed); started.
 
-        `replicated=False` declares a cheaper queue that a broker node's loss may take with it
-        (a job's task queue; see `fedhive.bus.topology`)."""
+        `senders`: whose messages it takes (default: this bus's own user); the rest are refused
+        (`fedhive.bus.consumer`). `replicated=False` declares a cheaper queue that a broker
+        node's loss may take with it (a job's task queue; see `fedhive.bus.topology`)."""
 
     def subscribe(
         self,
@@ -67,10 +79,12 @@ class Bus(Protocol):
         handler: Handler,
         accepts: Iterable[type[Message]],
         *,
+        senders: Senders | None = None,
         prefetch: int = 1,
         concurrency: int = 1,
     ) -> Subscription:
-        """Consume events matching `patterns` on the queue `Names.events_queue(consumer)`."""
+        """Consume events matching `patterns` on the queue `Names.events_queue(consumer)`, from
+        `senders` (default: this bus's own user)."""
 
     def subscribe_batches(
         self,
@@ -79,6 +93,7 @@ class Bus(Protocol):
         handle_batch: BatchHandler,
         accepts: Iterable[type[Message]],
         *,
+        senders: Senders | None = None,
         max_batch: int = 500,
         max_wait_s: float = 0.1,
     ) -> Subscription:

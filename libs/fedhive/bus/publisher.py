@@ -68,8 +68,8 @@ def properties(
 class Publisher:
     """Confirmed publishing over one guarded connection; safe to share between threads.
 
-    With `sign=True` every message carries the AMQP `user_id` of this connection's user, which
-    RabbitMQ verifies, so a receiver can trust who sent it.
+    Every message carries the AMQP `user_id` of this connection's user, which RabbitMQ
+    verifies, so a receiver can trust who sent it (`fedhive.bus.senders`).
     """
 
     def __init__(
@@ -77,12 +77,11 @@ class Publisher:
         params: pika.URLParameters,
         topology: Topology,
         *,
-        sign: bool = False,
         backoff: Backoff = REPUBLISH,
     ) -> None:
         self._topology = topology
         self._conn = GuardedConnection(params, self._setup, backoff=backoff)
-        self._user_id = user_name(params) if sign else None
+        self._user_id = user_name(params)
         self._backoff = backoff
 
     def publish(

@@ -12,10 +12,11 @@ from google.protobuf.message import Message
 
 from fedhive.bus.batch import BatchConsumer, BatchHandler
 from fedhive.bus.codec import TypeRegistry
-from fedhive.bus.connection import DEFAULT_HEARTBEAT, connect, connection_parameters
+from fedhive.bus.connection import DEFAULT_HEARTBEAT, connect, connection_parameters, user_name
 from fedhive.bus.consumer import REDELIVERY, Consumer, Handler
 from fedhive.bus.publisher import REPUBLISH, Publisher
 from fedhive.bus.rpc import RpcClient
+from fedhive.bus.senders import Senders
 from fedhive.bus.topology import CLASSIC, DEFAULT_DELIVERY_LIMIT, QUORUM, QueueSpec, Topology
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError, Unavailable
@@ -28,8 +29,11 @@ M = TypeVar("M", bound=Message)
 class RabbitBus:
     """Publisher, RPC client and consumers of one process, each on its own connection.
 
-    `sign=True` stamps every message this bus sends (commands, events, RPC requests and
-    replies) with the AMQP `user_id` of the connection's user, which RabbitMQ verifies.
+    Every message this bus sends (commands, events, RPC requests and replies) carries the AMQP
+    `user_id` of the connection's user, which RabbitMQ verifies; every queue it consumes
+    accepts only the senders it is given (by default its own user: services talk to services).
+    `site=True` for a site's processes (site agent, client job): a site's user may declare no
+    exchange and has no reply queue (`fedhive.bus.topology`, `fedhive.bus.rpc`).
     """
 
     def __init__(
@@ -37,23 +41,22 @@ class RabbitBus:
         settings: Settings,
         *,
         name: str = "fedhive",
-        sign: bool = False,
+        site: bool = False,
         delivery_limit: int = DEFAULT_DELIVERY_LIMIT,
         heartbeat: int = DEFAULT_HEARTBEAT,
         republish: Backoff = REPUBLISH,
         redelivery: Backoff = REDELIVERY,
     ) -> None:
         self.names = Names(settings.namespace)
-        self.topology = Topology(self.names, delivery_limit=delivery_limit)
+        self.topology = Topology(self.names, delivery_limit=delivery_limit, site=site)
         self._url = settings.amqp_url
         self._name = f"{settings.namespace}.{name}"
         self._heartbeat = heartbeat
-        self._sign = sign
         self._redelivery = redelivery
         self._republish = republish
-        self._publisher = Publisher(self._params("publisher"), self.topology, sign=sign,
-                                    backoff=republish)
-        self._rpc = RpcClient(self._params("rpc"), self.topology, sign=sign, backoff=republish)
+        self.user = user_name(self._params("user"))
+        self._publisher = Publisher(self._params("publisher"), self.topology, backoff=republish)
+        self._rpc = RpcClient(self._params("rpc"), self.topology, backoff=republish)
         self._consumers: list[Consumer | BatchConsumer] = []
         self._lock = threading.Lock()
 
@@ -103,13 +106,14 @@ class RabbitBus:
         accepts: Iterable[type[Message]],
         *,
         binding_keys: Sequence[str] = (),
+        senders: Senders | None = None,
         prefetch: int = 1,
         concurrency: int = 1,
         replicated: bool = True,
     ) -> Consumer:
         spec = self.topology.command_queue(queue, binding_keys,
                                            queue_type=QUORUM if replicated else CLASSIC)
-        return self._start(spec, handler, accepts, prefetch, concurrency)
+        return self._start(spec, handler, accepts, senders, prefetch, concurrency)
 
     def subscribe(
         self,
@@ -118,11 +122,12 @@ class RabbitBus:
         handler: Handler,
         accepts: Iterable[type[Message]],
         *,
+        senders: Senders | None = None,
         prefetch: int = 1,
         concurrency: int = 1,
     ) -> Consumer:
         spec = self.topology.events_queue(consumer, patterns)
-        return self._start(spec, handler, accepts, prefetch, concurrency)
+        return self._start(spec, handler, accepts, senders, prefetch, concurrency)
 
     def subscribe_batches(
         self,
@@ -131,13 +136,15 @@ class RabbitBus:
         handle_batch: BatchHandler,
         accepts: Iterable[type[Message]],
         *,
+        senders: Senders | None = None,
         max_batch: int = 500,
         max_wait_s: float = 0.1,
     ) -> BatchConsumer:
         spec = self.topology.events_queue(consumer, patterns)
         batches = BatchConsumer(
             self._params(f"batches.{spec.name}"), self.topology, spec, TypeRegistry(accepts),
-            handle_batch, max_batch=max_batch, max_wait_s=max_wait_s,
+            handle_batch, senders or Senders.only(self.user), max_batch=max_batch,
+            max_wait_s=max_wait_s,
         )
         batches.start()
         with self._lock:
@@ -149,13 +156,14 @@ class RabbitBus:
         spec: QueueSpec,
         handler: Handler,
         accepts: Iterable[type[Message]],
+        senders: Senders | None,
         prefetch: int,
         concurrency: int,
     ) -> Consumer:
         consumer = Consumer(
             self._params(f"consumer.{spec.name}"), self.topology, spec, handler,
-            TypeRegistry(accepts), prefetch=prefetch, concurrency=concurrency, sign=self._sign,
-            redelivery=self._redelivery,
+            TypeRegistry(accepts), senders or Senders.only(self.user), prefetch=prefetch,
+            concurrency=concurrency, redelivery=self._redelivery,
         )
         consumer.start()
         with self._lock:

@@ -1,4 +1,13 @@
-"""RPC over RabbitMQ: requests to a command queue, replies through direct reply-to.
+"""RPC over RabbitMQ: requests to a command queue, replies to the caller's reply address.
+
+The reply address: on a services connection, an exclusive queue of this client
+(`Names.reply_queue`, declared anew with each connection) bound to the replies exchange, where
+sites, which may not publish to the default exchange, can answer; on a site's connection,
+RabbitMQ's direct reply-to (only the services answer a site, through the default exchange),
+which costs the task traffic's hot path no queue. A services client takes a reply only from
+the broker user that may answer it (a site's control queue: that site, or the services; any
+other queue: the services), so a site that learnt a reply queue's name cannot answer for
+another; on a site's connection only the services can publish to direct reply-to at all.
 
 Many threads may call at once. Requests and the reply consumer share one guarded connection;
 whichever waiting caller holds the lock services it for a short slice and files every reply it
@@ -26,6 +35,7 @@ from google.protobuf.message import Message
 
 from fedhive.bus.codec import ERROR_TYPE, error_from_message, parse
 from fedhive.bus.connection import CONNECTION_LOST, GuardedConnection, user_name
+from fedhive.bus.consumer import DIRECT_REPLY_TO
 from fedhive.bus.publisher import REPUBLISH, properties
 from fedhive.bus.topology import Topology
 from fedhive.errors import FedhiveError, MalformedMessage, RpcTimeout, Unavailable, Unroutable
@@ -34,7 +44,6 @@ from fedhive.retry import Backoff
 
 log = structlog.get_logger()
 
-REPLY_TO = "amq.rabbitmq.reply-to"
 SLICE = 0.05  # seconds one caller services the connection before letting another in
 
 M = TypeVar("M", bound=Message)
@@ -45,6 +54,7 @@ class _Request:
     target: str
     body: bytes
     props: pika.BasicProperties
+    answerers: frozenset[str]  # the broker users whose reply is taken; empty: anyone's
 
 
 class RpcClient:
@@ -53,12 +63,12 @@ class RpcClient:
         params: pika.URLParameters,
         topology: Topology,
         *,
-        sign: bool = False,
         backoff: Backoff = REPUBLISH,
     ) -> None:
         self._topology = topology
         self._exchange = topology.names.cmd_exchange
-        self._user_id = user_name(params) if sign else None
+        self._user_id = user_name(params)
+        self._reply_to = DIRECT_REPLY_TO  # this channel's reply address; set by _setup
         self._backoff = backoff
         self._outstanding: dict[str, _Request] = {}  # by correlation id; guarded by the lock
         self._generation = 0  # bumped per new channel; guarded by the lock
@@ -92,11 +102,11 @@ class RpcClient:
                 correlation_id = uuid.uuid4().hex
                 # transient: a request lives no longer than its caller waits, and the caller
                 # resends it on a new connection (a classic queue then keeps it off disk)
-                request = _Request(target, message.SerializeToString(), properties(
-                    message, user_id=self._user_id, reply_to=REPLY_TO,
-                    correlation_id=correlation_id, expiration_ms=max(1, math.ceil(timeout * 1000)),
-                    persistent=False,
-                ))
+                props = properties(
+                    message, user_id=self._user_id, correlation_id=correlation_id,
+                    expiration_ms=max(1, math.ceil(timeout * 1000)), persistent=False)
+                request = _Request(target, message.SerializeToString(), props,
+                                   self._answerers(target))
                 try:
                     self._send(correlation_id, request)
                 except FedhiveError as err:
@@ -136,7 +146,15 @@ class RpcClient:
         """A new channel: consume replies, then resend what the old channel left unanswered."""
         self._topology.declare_exchanges(channel)
         channel.confirm_delivery()
-        channel.basic_consume(REPLY_TO, self._on_reply, auto_ack=True)
+        if self._topology.site:
+            self._reply_to = DIRECT_REPLY_TO
+        else:  # a fresh name: an exclusive queue of a dropped connection may linger a moment
+            self._reply_to = self._topology.names.reply_queue(uuid.uuid4().hex)
+            channel.queue_declare(self._reply_to, exclusive=True, auto_delete=True,
+                                  arguments={"x-queue-type": "classic"})
+            channel.queue_bind(self._reply_to, self._topology.names.replies_exchange,
+                               routing_key=self._reply_to)
+        channel.basic_consume(self._reply_to, self._on_reply, auto_ack=True)
         self._generation += 1
         for correlation_id, request in list(self._outstanding.items()):
             self._publish(channel, correlation_id, request)
@@ -166,6 +184,7 @@ class RpcClient:
             time.sleep(wait)
 
     def _publish(self, channel: Any, correlation_id: str, request: _Request) -> None:
+        request.props.reply_to = self._reply_to  # the current channel's
         try:
             channel.basic_publish(self._exchange, request.target, request.body, request.props,
                                   mandatory=True)
@@ -196,9 +215,22 @@ class RpcClient:
         finally:
             self._conn.lock.release()
 
+    def _answerers(self, target: str) -> frozenset[str]:
+        if self._topology.site:
+            return frozenset()  # direct reply-to: only the services can publish there
+        names = self._topology.names
+        site = names.site_of_queue(target)
+        return frozenset({self._user_id, *([names.site_user(site)] if site else [])})
+
     def _on_reply(self, channel: Any, method: Any, props: Any, body: bytes) -> None:
-        if self._outstanding.pop(props.correlation_id, None) is None:
+        request = self._outstanding.get(props.correlation_id)
+        if request is None:
             return  # the caller gave up already
+        if request.answerers and props.user_id not in request.answerers:
+            log.warning("bus.reply_refused", security=True, sender=props.user_id,
+                        target=request.target, accepted=sorted(request.answerers))
+            return
+        del self._outstanding[props.correlation_id]
         self._file(props.correlation_id, (props.type or "", body))
 
     def _file(self, correlation_id: str, reply: tuple[str, bytes] | FedhiveError) -> None:

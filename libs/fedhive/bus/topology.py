@@ -4,6 +4,14 @@
   routing key, so a sender addresses a queue by name and a pattern (`{ns}.site.*`) can fan out.
 * `{ns}.events` (topic): events; each subscriber binds its own queue to patterns.
 * `{ns}.dlx` (direct): dead letters; each queue `q` has `q.dlq` bound with routing key `q`.
+* `{ns}.replies` (topic): RPC replies to the services' exclusive reply queues (`{ns}.reply.*`,
+  each bound by its own name). Sites answer the services this way: they may not publish to the
+  default exchange, which routes to any queue by name (see `fedhive.brokerusers`).
+
+A site's bus declares no exchange (it checks them passively: the services, or the provisioning
+of broker users, declare them) and its control queue has no dead-letter queue: a site user may
+configure nothing but its own queue, so it can neither delete a shared exchange nor bind a queue
+of its own to other queues' dead letters.
 
 Every consuming queue is durable, with a delivery limit, so a message that keeps failing is
 dead-lettered instead of looping. Queues are quorum queues (replicated; the broker counts
@@ -34,21 +42,31 @@ class QueueSpec:
     exchange: str
     binding_keys: tuple[str, ...]
     queue_type: str = QUORUM  # or CLASSIC
+    dead_letters: bool = True  # a `.dlq` beside it; a site's queue drops what it refuses
+
+
+EXCHANGES = (("cmd_exchange", "topic"), ("events_exchange", "topic"),
+             ("dead_letter_exchange", "direct"), ("replies_exchange", "topic"))
 
 
 class Topology:
-    def __init__(self, names: Names, *, delivery_limit: int = DEFAULT_DELIVERY_LIMIT) -> None:
+    """`site=True`: a site's view (exchanges checked passively, queues without dead letters)."""
+
+    def __init__(self, names: Names, *, delivery_limit: int = DEFAULT_DELIVERY_LIMIT,
+                 site: bool = False) -> None:
         if delivery_limit < 1:
             raise ValueError(f"delivery_limit must be at least 1, got {delivery_limit}")
         self.names = names
         self.delivery_limit = delivery_limit
+        self.site = site
 
     def command_queue(self, queue: str, binding_keys: Sequence[str] = (), *,
                       queue_type: str = QUORUM) -> QueueSpec:
         """A queue on the command exchange, bound to its own name plus `binding_keys`."""
         if queue_type not in (QUORUM, CLASSIC):
             raise ValueError(f"queue_type must be {QUORUM!r} or {CLASSIC!r}, not {queue_type!r}")
-        return QueueSpec(queue, self.names.cmd_exchange, (queue, *binding_keys), queue_type)
+        return QueueSpec(queue, self.names.cmd_exchange, (queue, *binding_keys), queue_type,
+                         dead_letters=not self.site)
 
     def events_queue(self, consumer: str, patterns: Sequence[str]) -> QueueSpec:
         if not patterns:
@@ -56,26 +74,28 @@ class Topology:
         return QueueSpec(self.names.events_queue(consumer), self.names.events_exchange,
                          tuple(patterns))
 
+    def exchanges(self) -> list[tuple[str, str]]:
+        """(name, type) of every exchange of the namespace."""
+        return [(getattr(self.names, attribute), kind) for attribute, kind in EXCHANGES]
+
     def declare_exchanges(self, channel: Any) -> None:
-        for exchange, kind in (
-            (self.names.cmd_exchange, "topic"),
-            (self.names.events_exchange, "topic"),
-            (self.names.dead_letter_exchange, "direct"),
-        ):
-            channel.exchange_declare(exchange=exchange, exchange_type=kind, durable=True)
+        for exchange, kind in self.exchanges():
+            if self.site:  # fails (404) until the services have declared it
+                channel.exchange_declare(exchange=exchange, passive=True)
+            else:
+                channel.exchange_declare(exchange=exchange, exchange_type=kind, durable=True)
 
     def declare_queue(self, channel: Any, spec: QueueSpec) -> None:
         """The exchanges, the queue with its dead-letter queue, and its bindings."""
         self.declare_exchanges(channel)
-        dlq = Names.dead_letter_queue(spec.name)
-        channel.queue_declare(queue=dlq, durable=True, arguments={"x-queue-type": "quorum"})
-        channel.queue_bind(queue=dlq, exchange=self.names.dead_letter_exchange,
-                           routing_key=spec.name)
-        arguments: dict[str, Any] = {
-            "x-queue-type": spec.queue_type,
-            "x-dead-letter-exchange": self.names.dead_letter_exchange,
-            "x-dead-letter-routing-key": spec.name,
-        }
+        arguments: dict[str, Any] = {"x-queue-type": spec.queue_type}
+        if spec.dead_letters:
+            dlq = Names.dead_letter_queue(spec.name)
+            channel.queue_declare(queue=dlq, durable=True, arguments={"x-queue-type": "quorum"})
+            channel.queue_bind(queue=dlq, exchange=self.names.dead_letter_exchange,
+                               routing_key=spec.name)
+            arguments["x-dead-letter-exchange"] = self.names.dead_letter_exchange
+            arguments["x-dead-letter-routing-key"] = spec.name
         if spec.queue_type == QUORUM:
             arguments["x-delivery-limit"] = self.delivery_limit
         channel.queue_declare(queue=spec.name, durable=True, arguments=arguments)

@@ -28,6 +28,7 @@ from fedhive.blobs import (
     TensorRef,
     unpack,
 )
+from fedhive.blobs.keys import blame_uploader
 from fedhive.client.hygiene import clean_memory
 from fedhive.client.pipe import ENV_FD, Message, Pipe, PipeClosed, Requests
 from fedhive.errors import FedhiveError
@@ -148,7 +149,13 @@ class ClientAPI:
     def _load(self, task: client_pb2.TrainerTask) -> FLModel:
         dxo = dxo_from_proto(task.data)
         refs = dxo.refs()
-        arrays = unpack(refs, self.fetcher, cache=self.cache) if refs else {}
+        try:
+            arrays = unpack(refs, self.fetcher, cache=self.cache) if refs else {}
+        except FedhiveError as err:  # a site's upload relayed to this one: blame that site
+            blamed = blame_uploader(err, refs)
+            if blamed is None:
+                raise
+            raise blamed from err
         data = {name: arrays.get(name, value) if isinstance(value, TensorRef) else value
                 for name, value in dxo.data.items()}
         data = self._run_filters(data, "in")

@@ -24,8 +24,13 @@ modes chosen per result by its size:
   tensors at a time within `stream_memory_mb`: download each site's tensor (checksum
   verified), accumulate, store the new tensor at its content key, drop. The server holds a few
   tensors, never the model times the sites. A tensor every site sent unchanged (the same
-  checksum: frozen layers) is the global model's tensor as it is, read by no one (an inline
-  one's few bytes are hashed first: nobody would read them later to catch a false label).
+  checksum: frozen layers) is taken as it is when one of them is the server's own object, read
+  by no one (an inline one's few bytes are hashed first: nobody would read them later to catch
+  a false label). The aggregate never names an object a site uploaded (a site can write its
+  own keys, `fedhive.blobs.keys`): when every site sent the same content as uploads of their
+  own, one of them is read (checksum verified) and stored as the server's.
+
+A failure to read a site's object names the site that uploaded it.
 
 A result whose data turns out unreadable while streaming is left out with its reason in
 `failed` and the aggregate is computed again without it, so nothing it sent reaches the model.
@@ -43,8 +48,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fedhive.blobs import TensorKind, TensorRef, checksum
+from fedhive.blobs import TensorKind, TensorRef, checksum, content_key
 from fedhive.blobs.dtypes import bytes_to_torch
+from fedhive.blobs.keys import uploaded_by
 from fedhive.blobs.transfer import MiB
 from fedhive.errors import FedhiveError, InvalidArgument
 from fedhive.fl.accumulation import Budget, Job, Part, SiteFailed, Stopped, Sum
@@ -261,8 +267,7 @@ class InTimeAccumulateWeightedAggregator(Aggregator):
         """`value` (a ref is read, checksum verified) times `weight`, in a buffer of its own."""
         try:
             if isinstance(value, TensorRef):
-                assert self.models is not None
-                storage, owned = self.models.fetch(value), True
+                storage, owned = self._fetch(site, name, value), True
             else:
                 storage, owned = storage_of(name, value)[0], False
         except FedhiveError as err:
@@ -272,6 +277,14 @@ class InTimeAccumulateWeightedAggregator(Aggregator):
         del storage
         np.multiply(array, weight, out=array)
         return array
+
+    def _fetch(self, site: str, name: str, ref: TensorRef) -> Array:
+        """`ref`'s tensor, checksum verified; an error names the site that uploaded it."""
+        assert self.models is not None
+        try:
+            return self.models.fetch(ref)
+        except FedhiveError as err:
+            raise type(err)(f"{err.message}{uploaded_by(ref.key)}", field=name) from err
 
     @property
     def sites(self) -> list[str]:
@@ -385,8 +398,9 @@ class InTimeAccumulateWeightedAggregator(Aggregator):
         assert self.models is not None
         refs = [part.value for part in job.parts if isinstance(part.value, TensorRef)]
         if (job.folded is None and len(refs) == len(job.parts)
-                and len({ref.checksum for ref in refs}) == 1 and _labelled_truly(refs[0])):
-            return replace(refs[0], name=job.name, url="", url_expires_at_ms=0)
+                and len({ref.checksum for ref in refs}) == 1
+                and all(_labelled_truly(ref) for ref in refs)):
+            return self._unchanged(job, refs, writer)
         if job.folded is None:
             total: Array | None = None
         else:
@@ -411,11 +425,31 @@ class InTimeAccumulateWeightedAggregator(Aggregator):
         ref: TensorRef = writer.put(job.name, stored, dtype=job.spec.dtype, kind=job.spec.kind)
         return ref
 
+    def _unchanged(self, job: Job, refs: list[TensorRef], writer: ModelWriter) -> TensorRef:
+        """The tensor every site sent with the same content: inline or the server's object,
+        unread, if one was sent so, else the first site's upload read (checksum verified) and
+        stored as the server's (no site can write that)."""
+        assert self.models is not None
+        prefix = self.models.prefix
+        own = next((ref for ref in refs if ref.is_inline or (
+            ref.offset == 0 and ref.key == content_key(prefix, ref.checksum))), None)
+        if own is not None:
+            return replace(own, name=job.name, url="", url_expires_at_ms=0)
+        part = job.parts[0]
+        try:
+            stored = self._fetch(part.site, job.name, refs[0])
+        except FedhiveError as err:
+            raise SiteFailed(part.site, f"{self.where(part.site)}: tensor {job.name!r}: "
+                                        f"{err.message}") from err
+        ref: TensorRef = writer.put(job.name, stored, dtype=job.spec.dtype, kind=job.spec.kind)
+        return ref
+
 
 def _labelled_truly(ref: TensorRef) -> bool:
     """Whether a ref passed through unread holds what its checksum says: a stored object is
-    verified by whoever reads it; inline bytes are checked here (a site could otherwise label
-    other bytes as the unchanged tensor, and they would become the aggregate's)."""
+    verified by whoever reads it (and the server's own holds what its key says); inline bytes
+    are checked here (a site could otherwise label other bytes as the unchanged tensor, and
+    they would become the aggregate's)."""
     if not ref.is_inline:
         return True
     hasher = checksum.hasher_for(ref.checksum, ref.name)

@@ -7,14 +7,25 @@
 One object per job, `Names.job_checkpoint_key(job_id)`: a `TensorBundle` whose meta holds the
 workflow, the round and the model's kind and meta, and whose refs are the model's: the
 workflows keep the global model as refs to the job's content-addressed tensor objects, and the
-checkpoint names those same objects (no bytes are copied; URLs are dropped: a checkpoint is
-read with credentials). Arrays, when a caller checkpoints some, are stored first, at their
-content keys under the job's tensor prefix (small ones inline in the bundle).
+checkpoint names those same objects when they are the server's (no bytes are copied; URLs are
+dropped: a checkpoint is read with credentials). Arrays, when a caller checkpoints some, are
+stored first, at their content keys under the job's tensor prefix (small ones inline in the
+bundle).
 
-A checkpoint deletes no tensor object: the round objects' collector (`ModelStore.collect`)
-keeps every object `checkpoint_keys` names, so a crash at any point leaves a checkpoint whose
-objects all exist. The server job is the only writer of its job's checkpoint, so the keys it
-last wrote are remembered in the context (`ctx.checkpointed`) instead of read back each round.
+A checkpoint never names an object a site uploaded: the workflows' global models name none
+(`ModelStore.as_refs`), but a caller may checkpoint a site's result as it came, and an upload
+key is the site's (`fedhive.blobs.keys`: were its write-once URL not honoured by the store,
+what it wrote there later would become the server's). Such a tensor is named at the server's
+object of its content when there is one, else read (checksum verified; a failure names the
+site) and copied to the checkpoint's own key `{prefix}checkpoint/blake3/<hex>`, which only the
+checkpoint writes and deletes: a new checkpoint deletes the copies the one before named and it
+does not.
+
+Otherwise a checkpoint deletes no tensor object: the round objects' collector
+(`ModelStore.collect`) keeps every object `checkpoint_keys` names, so a crash at any point
+leaves a checkpoint whose objects all exist. The server job is the only writer of its job's
+checkpoint, so the keys it last wrote are remembered in the context (`ctx.checkpointed`)
+instead of read back each round.
 """
 
 from __future__ import annotations
@@ -22,8 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from fedhive.blobs import TensorRef, bundle_from_proto, bundle_to_proto
-from fedhive.errors import BlobNotFound, FailedPrecondition
+from fedhive.blobs import TensorRef, bundle_from_proto, bundle_to_proto, content_key
+from fedhive.blobs.keys import CHECKPOINT_AREA, checkpoint_copy_key, parse_upload_key, uploaded_by
+from fedhive.blobs.transfer import as_byte_view
+from fedhive.errors import BlobNotFound, FailedPrecondition, FedhiveError
 from fedhive.fl.dxo import DataKind, Dxo
 from fedhive.fl.model_store import ModelStore, ModelWriter
 from fedhive.names import Names
@@ -58,20 +71,61 @@ def save_checkpoint(ctx: WorkflowContext, checkpoint: Checkpoint) -> None:
     if ctx.codec is None:
         raise FailedPrecondition("the workflow context has no tensor codec", field="codec")
     model = checkpoint.model
-    writer = ModelStore.of(ctx).writer() if not all(
+    models = ModelStore.of(ctx)
+    writer = models.writer() if not all(
         isinstance(value, TensorRef) for value in model.data.values()) else None
-    # URLs expire and are for sites; a checkpoint is read with credentials.
-    refs = [replace(value, url="", url_expires_at_ms=0) if isinstance(value, TensorRef)
+    refs = [_servers(ctx, models, value) if isinstance(value, TensorRef)
             else _put(writer, name, value) for name, value in model.data.items()]
     meta = {"workflow": checkpoint.workflow, "round": checkpoint.round_,
             "num_rounds": checkpoint.num_rounds, "data_kind": model.data_kind.value,
             "model_meta": model.meta}
+    previous = checkpoint_keys(ctx)
     ctx.checkpointed = None  # unknown until the new bundle is stored
     bundle = bundle_to_proto(refs, meta).SerializeToString()
     store.put(names.job_checkpoint_key(ctx.job_id), bundle)
     ctx.checkpointed = {ref.key for ref in refs if ref.key}
+    _drop_copies(ctx, store, previous - ctx.checkpointed)
     ctx.log.info("checkpoint.saved", workflow=checkpoint.workflow, round=checkpoint.round_,
                  tensors=len(refs), objects=len(ctx.checkpointed))
+
+
+def _servers(ctx: WorkflowContext, models: ModelStore, ref: TensorRef) -> TensorRef:
+    """`ref` as the checkpoint names it: without its URL (URLs expire and are for sites; a
+    checkpoint is read with credentials) and, when a site uploaded its object, pointed at the
+    server's object of that content or at the checkpoint's copy."""
+    bare = replace(ref, url="", url_expires_at_ms=0)
+    prefix = ctx.tensor_prefix
+    if ref.is_inline or parse_upload_key(prefix, ref.key) is None:
+        return bare
+    copy = checkpoint_copy_key(prefix, ref.checksum)
+    for key in (content_key(prefix, ref.checksum), copy):
+        if _holds(models, key, ref.length):
+            return replace(bare, key=key, offset=0)
+    try:
+        array = models.fetch(ref)
+    except FedhiveError as err:
+        raise type(err)(f"checkpoint of job {ctx.job_id}: {err.message}{uploaded_by(ref.key)}",
+                        field=ref.name) from err
+    models.store.put(copy, [as_byte_view(array)])
+    return replace(bare, key=copy, offset=0)
+
+
+def _holds(models: ModelStore, key: str, size: int) -> bool:
+    try:
+        return models.store.size(key) == size
+    except BlobNotFound:
+        return False
+
+
+def _drop_copies(ctx: WorkflowContext, store: BlobStore, keys: set[str]) -> None:
+    """Delete the checkpoint's copies among `keys` (no longer named); a failed delete costs
+    space only."""
+    area = f"{ctx.tensor_prefix}{CHECKPOINT_AREA}"
+    for key in sorted(key for key in keys if key.startswith(area)):
+        try:
+            store.delete(key)
+        except FedhiveError as err:
+            ctx.log.warning("checkpoint.delete_failed", key=key, error=str(err))
 
 
 def _put(writer: ModelWriter | None, name: str, value: Any) -> TensorRef:

@@ -206,7 +206,7 @@ class ClientAPIExecutor:
                 if not (ref.is_inline or is_content_ref(ref)):
                     raise TaskError(ReturnCode.EXECUTION_EXCEPTION,
                                     f"{where}: tensor {name!r} of the trainer's result is not "
-                                    f"inline nor uploaded to its content key ({ref.key[:200]})")
+                                    f"inline nor at a key named by its checksum ({ref.key[:200]})")
             return dxo
 
     def _stop_later(self, trainer: _Trainer, task: ExecTask) -> None:

@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from fedhive.blobs import PresignedUrl, RangeFetcher, TensorKind
+from fedhive.blobs.keys import blame_uploader
+from fedhive.errors import FedhiveError
 from fedhive.fl.components import ComponentError, build_component
 from fedhive.fl.dxo import Dxo, MetaKey
 from fedhive.fl.result_packer import UploadChannel
@@ -87,8 +89,15 @@ class ExecTask:
 
     def load(self, kind: TensorKind | None = None) -> Dxo:
         """The task's DXO with its arrays downloaded and checksum-verified (numpy arrays or
-        torch tensors per ref, or all of `kind`)."""
-        return self.data.materialized(self.fetcher, kind=kind)
+        torch tensors per ref, or all of `kind`). An error about an object another site
+        uploaded (the cyclic relay, a cross-site evaluation) names that site."""
+        try:
+            return self.data.materialized(self.fetcher, kind=kind)
+        except FedhiveError as err:
+            blamed = blame_uploader(err, self.data.refs())
+            if blamed is None:
+                raise
+            raise blamed from err
 
 
 @runtime_checkable

@@ -8,16 +8,20 @@ holds a whole model, only the few tensors it is working on:
     ref = writer.put("w", array)            # stored at {prefix}blake3/<hex> (once), or inline
     array = models.fetch(ref)               # checksum verified; numpy, bfloat16 as its bits
     model = models.pack(items)              # (name, array) pairs -> a lazy Dxo, one at a time
-    model = models.as_refs(model)           # arrays packed, this job's refs kept, another
-                                            # job's refs (a resumed checkpoint) copied in
+    model = models.as_refs(model)           # arrays packed, the server's refs kept, sites'
+                                            # uploads and another job's refs (a resumed
+                                            # checkpoint) pointed at the server's objects
     models.track(result)                    # objects a round made or received
     models.collect([model], protect=keys)   # delete the tracked objects nothing needs now
 
 Objects: a stored tensor lives at `content_key(tensor prefix, checksum)`, is never overwritten
 with other bytes and is shared by every ref to the same content (a frozen layer is one object
-for the whole job). So deleting is by reference: `collect` deletes the tracked keys that no live
-model and no protected set (the job's checkpoint) names, and only keys under this job's tensor
-prefix; another job's objects (the checkpoint a job resumed from) are never touched.
+for the whole job). A model made by `pack`/`as_refs` (every workflow's global model) names only
+the server's objects, never a site's upload (`fedhive.blobs.keys`: its key is the site's to
+write, and its failures the site's), whatever a workflow or a custom aggregator handed in.
+Deleting is by reference: `collect` deletes the tracked keys (sites' uploads among them) that
+no live model and no protected set (the job's checkpoint) names, and only keys under this job's
+tensor prefix; another job's objects (the checkpoint a job resumed from) are never touched.
 
 Arithmetic helpers (`compute_dtype`, `to_compute`, `from_compute`) define how the server adds
 tensors: half precision (float16, bfloat16) in float32, integers and bool in float64, the rest
@@ -47,6 +51,7 @@ from fedhive.blobs.dtypes import (
     numpy_to_bytes,
     torch_to_bytes,
 )
+from fedhive.blobs.keys import parse_upload_key, uploaded_by
 from fedhive.blobs.transfer import MiB, as_byte_view
 from fedhive.errors import BlobNotFound, FailedPrecondition, FedhiveError, InvalidArgument
 from fedhive.fl.dxo import DataKind, Dxo
@@ -231,14 +236,16 @@ class ModelStore:
         return self.pack(model.data.items(), model.data_kind, model.meta)
 
     def adopt(self, ref: TensorRef, writer: ModelWriter | None = None) -> TensorRef:
-        """`ref` as a ref to this job's objects, without a URL (the task server signs URLs for
-        the sites): inline and own refs as they are; another job's (a resumed job's checkpoint)
-        pointed at this job's object of the same content, which is copied (read, verified,
-        stored) when it is not there yet."""
+        """`ref` as a ref to this job's server objects, without a URL (the task server signs
+        URLs for the sites): inline refs and the server's own as they are; a site's upload, or
+        another job's ref (a resumed job's checkpoint), pointed at this job's object of the same
+        content, which is copied (read, checksum verified, stored) when it is not there yet. An
+        upload that cannot be read fails naming the site that uploaded it."""
         bare = replace(ref, url="", url_expires_at_ms=0)
         if ref.is_inline:
             return bare
-        if self.owns(ref.key) and ref.offset == 0:
+        upload = parse_upload_key(self.prefix, ref.key)
+        if upload is None and self.owns(ref.key) and ref.offset == 0:
             self.track(bare)
             return bare
         try:
@@ -249,8 +256,14 @@ class ModelStore:
             own = replace(bare, key=key, offset=0)
             self.track(own)
             return own
-        return (writer or self.writer()).put(ref.name, self.fetch(ref), dtype=ref.dtype,
-                                             kind=ref.kind, inline=False)
+        try:
+            array = self.fetch(ref)
+        except FedhiveError as err:
+            if upload is None:
+                raise
+            raise type(err)(f"{err.message}{uploaded_by(ref.key)}", field=err.field) from err
+        return (writer or self.writer()).put(ref.name, array, dtype=ref.dtype, kind=ref.kind,
+                                             inline=False)
 
     def _present(self, key: str, size: int) -> bool:
         try:

@@ -7,26 +7,37 @@ through its client job's pipe). What differs is only the `UploadChannel`.
 Small arrays travel inline in the result (each up to `inline_threshold` bytes, at most
 `inline_budget` bytes in all, so a model of many small arrays cannot swell one message past
 the broker's limit). The others are uploaded: the sender asks the server job for upload grants
-(each array's BLAKE3 checksum and size), uploads each array the server does not have yet to the
-content key `{job tensor prefix}blake3/<hex>` (a presigned PUT, or presigned multipart parts in
-parallel for a large array, then `complete`), and sends refs to those keys. An unchanged array
-(a frozen layer) is already there: nothing is uploaded.
+for its task (each array's BLAKE3 checksum and size), uploads each array the grant does not
+answer `present` to the key the grant names, the site's own for that task
+(`{job tensor prefix}sites/<site>/<task>/blake3/<hex>`, `fedhive.blobs.keys`; a presigned
+PUT, with `If-None-Match: *` when the grant says `write_once`, or presigned multipart parts in
+parallel for a large array, then `complete`), and sends refs to the granted keys. An
+unchanged array (a frozen layer: the server's object of that content), or one the site uploaded
+before, is already there: nothing is uploaded.
 
-A result value that is still a ref passes through unchanged when it is inline or names the
-content key of its own checksum (task data handed back as it came); any other ref is
-downloaded and sent like an array.
+A result value that is still a ref passes through unchanged when it is inline or names a key
+of its own checksum (task data handed back as it came; the server takes it when it handed it
+to this site); any other ref is downloaded and sent like an array.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 
-from fedhive.blobs import RangeFetcher, TensorKind, TensorRef, checksum, inline_budget_for, unpack
+from fedhive.blobs import (
+    WRITE_ONCE_HEADERS,
+    RangeFetcher,
+    TensorKind,
+    TensorRef,
+    checksum,
+    inline_budget_for,
+    unpack,
+)
 from fedhive.blobs.dtypes import ByteArray, is_torch_tensor, numpy_to_bytes, torch_to_bytes
 from fedhive.blobs.keys import CONTENT_KEY_TAIL
 from fedhive.blobs.port import MultipartGrant, PresignedUrl
@@ -51,7 +62,8 @@ class UploadChannel(Protocol):
 class Uploader(Protocol):
     """`fedhive.blobs.PresignedUploader`'s face: credential-free PUTs."""
 
-    def put(self, url: str, key: str, body: Any) -> None: ...
+    def put(self, url: str, key: str, body: Any, *,
+            headers: Mapping[str, str] | None = None) -> None: ...
 
     def put_parts(self, grant: MultipartGrant, key: str, body: Any) -> list[str]: ...
 
@@ -67,7 +79,8 @@ class _Array:
 
 
 def is_content_ref(ref: TensorRef) -> bool:
-    """A ref to the whole object at the content key of its own checksum."""
+    """A ref to the whole object at a key named by its own checksum (the server's, a site's
+    upload: `fedhive.blobs.keys`)."""
     match = CONTENT_KEY_TAIL.search(ref.key)
     return bool(match and ref.offset == 0 and ref.checksum == ":".join(match.groups()))
 
@@ -133,7 +146,8 @@ def _upload_job(uploader: Uploader, channel: UploadChannel, target: task_pb2.Upl
         if not target.url:
             raise InvalidArgument(f"tensor {item.name!r}: the upload grant has no URL",
                                   field=item.name)
-        return lambda: uploader.put(target.url, target.key, body)
+        headers = WRITE_ONCE_HEADERS if target.write_once else None
+        return lambda: uploader.put(target.url, target.key, body, headers=headers)
     grant = MultipartGrant(target.upload_id, target.part_size,
                            [PresignedUrl(url, target.url_expires_at_ms)
                             for url in target.part_urls])

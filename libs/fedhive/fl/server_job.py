@@ -42,11 +42,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pika
-
 from fedhive.blobs import S3BlobStore, TensorCodec
 from fedhive.bus import Bus, RabbitBus
-from fedhive.bus.connection import user_name
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError
 from fedhive.fl.components import build_component
@@ -231,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bus = RabbitBus(settings, name=f"server-job.{args.job_id}")
     round_log = RoundLog.from_settings(settings)
     ctx.report_round = RoundReports(args.job_id, args.workspace, bus, log, rounds=round_log)
-    server = TaskServer(ctx, service_user=user_name(pika.URLParameters(settings.amqp_url)))
+    server = TaskServer(ctx, service_user=bus.user)
     serving = False
     try:
         handlers = 2 * len(sites) + 4  # a long poll and a result per site, and spares

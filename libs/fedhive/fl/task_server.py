@@ -11,30 +11,47 @@ Messages (`Names.job_server_queue(job_id)`, see proto/fedhive/v1/task.proto):
   and why not. With `next_wait_ms` the reply is the site's next assignment (the long poll
   above) carrying that verdict: one round trip per task instead of two.
   The DXO stays lazy (workflows materialize it with the credentialed store, which
-  verifies checksums); a non-inline ref must name the content key of its own checksum under
-  this job's tensor prefix (what a grant gives out), and its URL is dropped (a site must not
-  choose the URL other sites will read). A result whose data is malformed reaches the task
-  manager as an `EXECUTION_RESULT_ERROR` result, so the workflow sees the site failed.
+  verifies checksums). A non-inline ref names the key of its own checksum (`fedhive.blobs.keys`)
+  in one of three places only: the server's object (`{tensor prefix}blake3/<hex>`, which no
+  site can write), the site's own upload (`{tensor prefix}sites/<site>/<task>/blake3/<hex>`,
+  any of its tasks), or another site's upload that the server handed this site in this task's
+  data (a relay: the cyclic workflow's next site sending back what it was given). So a
+  result can never make the server read what another site may still write, and a failing
+  object is blamed on the site its key names. Its URL is dropped (a site must not choose the
+  URL other sites will read). A result whose data is malformed reaches the task manager as an
+  `EXECUTION_RESULT_ERROR` result, so the workflow sees the site failed.
   A non-inline ref must also name an object that exists with the ref's length (one HEAD per
   ref): a result whose object is missing fails that site's task with a reason naming the job,
   site, round and tensor (the bytes' checksum is verified whenever the SJ reads them).
-* `GrantUploadRequest` (RPC, site): upload targets for the content keys
-  `{tensor prefix}blake3/<hex>` of the given checksums; `present` for objects already stored.
-  With `sizes`, an array larger than `upload_part_size` gets a multipart grant (upload id, one
-  presigned PUT per part), which the site completes with `CompleteUploadRequest`; smaller ones a
-  presigned PUT. Unfinished multipart uploads of a task are aborted when the site's result for
-  it arrives.
+* `GrantUploadRequest` (RPC, site): upload targets for the given checksums, for a task the SJ
+  assigned to that site and whose result has not come yet (else PermissionDenied). `present`
+  (nothing to upload) when the server's object of that content exists, or the site's own
+  earlier upload of it; otherwise the site's upload key for that task, the only kind of key a
+  site is ever granted. With `sizes`, an array larger than `upload_part_size` gets a multipart
+  grant (upload id, one presigned PUT per part), which the site completes with
+  `CompleteUploadRequest`; smaller ones a write-once presigned PUT (`write_once`: signed with
+  `If-None-Match: *`, so S3 refuses it once the key holds an object, and the site cannot
+  rewrite what it uploaded while the URL lives, e.g. after the next site of a relay or a
+  cross-site evaluation was handed it). Unfinished multipart uploads of a task are aborted when
+  the site's result for it arrives.
 * `CompleteUploadRequest` (RPC, site): complete a multipart upload this SJ granted to that
-  site for that key (anything else: PermissionDenied); the object must then have the granted
-  size.
-* `ResignRequest` (RPC, site): fresh presigned GET URLs for keys under the job's tensor prefix
-  (a ref whose URL expired while a trainer worked).
+  site for that key (anything else: PermissionDenied), write-once (S3's conditional write:
+  the parts' URLs die with the upload, and no second upload can replace the object); the
+  object must then have the granted size.
+* `ResignRequest` (RPC, site): fresh presigned GET URLs (a ref whose URL expired while a
+  trainer worked), only for keys the SJ handed that site in the data of a task still awaiting
+  its result, or that site's own uploads; anything else is PermissionDenied (another site's
+  result is private to it, even when its key leaked).
 * `WorkerExit` (site): its client job could not start (bad executor config): the site is gone.
 * `SiteGone` (job-runner): the site stopped reporting the job or went offline.
 
-Sender identity: every site message's AMQP `user_id` (verified by RabbitMQ) must be the site it
-names, a site of this job; a `SiteGone` must come from the services' own broker user (the one
-the SJ itself connects as, shared with the runner). Anything else is `PermissionDenied`.
+Sender identity: the queue is bound, besides its own name (the runner's `SiteGone`), with one
+routing key per site of the job (`Names.job_site_route`), the only keys a site's broker user
+may publish task traffic with: a site reaches the server jobs of its own jobs and no other. The
+consumer takes messages only from those sites' broker users and the services' own; every site
+message's AMQP `user_id` (verified by RabbitMQ) must then be the broker user of the site it
+names, a site of this job, and a `SiteGone` must come from the services' own broker user (the
+one the SJ itself connects as, shared with the runner). Anything else is `PermissionDenied`.
 """
 
 from __future__ import annotations
@@ -50,12 +67,20 @@ from typing import Any
 from google.protobuf.message import Message
 
 from fedhive.blobs import TensorRef, content_key
-from fedhive.bus import Bus, Delivery, Encoded, Subscription
-from fedhive.errors import BlobNotFound, FedhiveError, InvalidArgument, PermissionDenied
+from fedhive.blobs.keys import parse_upload_key, upload_key, uploaded_by
+from fedhive.bus import Bus, Delivery, Encoded, Senders, Subscription
+from fedhive.errors import (
+    AlreadyExists,
+    BlobNotFound,
+    FedhiveError,
+    InvalidArgument,
+    PermissionDenied,
+)
 from fedhive.fl.dxo import Dxo, MetaKey, dxo_from_proto, dxo_to_proto
 from fedhive.fl.task_manager import TaskManager
 from fedhive.fl.tasks import ClientTask, Result, ReturnCode, Task
 from fedhive.fl.workflow import WorkflowContext
+from fedhive.names import Names
 from fedhive.proto.v1 import common_pb2, runner_pb2, task_pb2
 from fedhive.structs import dict_to_struct
 
@@ -66,7 +91,8 @@ MAX_GRANT = 10_000  # checksums per GrantUploadRequest, keys per ResignRequest
 MiB = 1024 * 1024
 UPLOAD_PART_SIZE = 64 * MiB  # larger arrays are uploaded multipart, in parts of this size
 MAX_URL_TTL_S = 7 * 24 * 3600
-_ASSIGNED_MEMORY = 10_000  # assignments whose name and round are remembered for messages
+_ASSIGNED_MEMORY = 10_000  # open assignments remembered (upload grants, relays, messages)
+_UPLOADS_MEMORY = 100_000  # (site, checksum) -> the site's upload key, for present answers
 _A = task_pb2.TaskAssignment
 
 
@@ -96,14 +122,25 @@ class TaskServer:
         self._packing: dict[str, threading.Lock] = {}
         self._ended: set[str] = set()  # sites told END_RUN, or gone
         self._multipart: dict[tuple[str, str, str], _Upload] = {}  # (site, key, upload id)
-        self._assigned: OrderedDict[str, tuple[str, int | None]] = OrderedDict()
+        self._assigned: OrderedDict[str, _Assigned] = OrderedDict()  # client task id ->
+        self._uploads: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     # bus entry point ----------------------------------------------------------------------
     def serve(self, bus: Bus, queue: str, *, handlers: int) -> Subscription:
         """Answer `queue` (the job's task queue) with `handlers` threads, on a queue that is
-        not replicated (why: `fedhive.bus.topology`)."""
-        return bus.serve(queue, self.handle, self.ACCEPTS, prefetch=handlers,
-                         concurrency=handlers, replicated=False)
+        not replicated (why: `fedhive.bus.topology`), reached by the job's sites only."""
+        names = self._names
+        return bus.serve(
+            queue, self.handle, self.ACCEPTS, prefetch=handlers, concurrency=handlers,
+            replicated=False,
+            binding_keys=[names.job_site_route(self.ctx.job_id, site) for site in self.ctx.sites],
+            senders=Senders.only(self._service_user,
+                                 *(names.site_user(site) for site in self.ctx.sites)))
+
+    @property
+    def _names(self) -> Names:
+        assert self.ctx.names is not None
+        return self.ctx.names
 
     def handle(self, message: Message, delivery: Delivery) -> Message | Encoded | None:
         if isinstance(message, runner_pb2.SiteGone):
@@ -130,7 +167,7 @@ class TaskServer:
 
     def _sender(self, message: Any, user_id: str | None) -> str:
         site: str = message.site
-        if user_id != site:
+        if user_id != self._names.site_user(site):
             raise PermissionDenied(f"{type(message).__name__} for site {site!r} refused: sent "
                                    f"by broker user {user_id or '(none)'!r}", field="user_id")
         if site not in self.ctx.sites:
@@ -169,12 +206,13 @@ class TaskServer:
             if not message.return_code:
                 raise InvalidArgument("the result has no return_code", field="return_code")
             if message.HasField("data"):
-                dxo = self._checked(dxo_from_proto(message.data))
+                dxo = self._checked(dxo_from_proto(message.data), site, message.task_id)
                 self._check_objects(dxo)
         except FedhiveError as err:
             problem = f"result data rejected: {self._where(site, message.task_id)}: {err}"
         finally:
             self._abort_uploads(site, message.task_id)
+            self._close(site, message.task_id)
         if problem:
             self.ctx.log.warning("task_server.bad_result", site=site, task_id=message.task_id,
                                  reason=problem)
@@ -188,8 +226,10 @@ class TaskServer:
 
     def grant_upload(self, site: str, checksums: list[str], sizes: list[int] | None = None,
                      task_id: str = "") -> task_pb2.UploadGrant:
-        """Where to put each array: `present`, a presigned PUT, or (an array above the part
-        size, when `sizes` are given) a multipart grant."""
+        """Where to put each array: `present`, or at the site's upload key for `task_id` a
+        presigned PUT or (an array above the part size, when `sizes` are given) a multipart
+        grant."""
+        self._open(site, task_id)
         if len(checksums) > MAX_GRANT:
             raise InvalidArgument(f"{len(checksums)} checksums in one grant request (at most "
                                   f"{MAX_GRANT})", field="checksums")
@@ -199,15 +239,17 @@ class TaskServer:
         grant = task_pb2.UploadGrant()
         multipart = 0
         for index, checksum in enumerate(checksums):
-            key = content_key(self.ctx.tensor_prefix, checksum)
             size = sizes[index] if sizes else 0
             if size < 0:
                 raise InvalidArgument(f"size {size} of {checksum[:24]}... is negative",
                                       field="sizes")
-            target = grant.targets.add(checksum=checksum, key=key)
-            if self._stored(key, size if sizes else None):
-                target.present = True
-            elif size > self._part_size:
+            present = self._present(site, checksum, size if sizes else None)
+            key = present or upload_key(self.ctx.tensor_prefix, site, task_id, checksum)
+            target = grant.targets.add(checksum=checksum, key=key, present=bool(present))
+            self._remember(site, checksum, key)
+            if present:
+                continue
+            if size > self._part_size:
                 multipart += 1
                 parts = self._store.presign_multipart(key, size, self._part_size,
                                                       _upload_ttl(size))
@@ -217,8 +259,9 @@ class TaskServer:
                 with self._lock:
                     self._multipart[(site, key, parts.upload_id)] = _Upload(task_id, size)
             else:
-                url = self._store.presign_put(key, _upload_ttl(size))
+                url = self._store.presign_put(key, _upload_ttl(size), write_once=True)
                 target.url, target.url_expires_at_ms = url.url, url.expires_at_ms
+                target.write_once = True
         self.ctx.log.debug("task_server.upload_granted", site=site, objects=len(checksums),
                            multipart=multipart)
         return grant
@@ -233,11 +276,14 @@ class TaskServer:
                                    f"{message.upload_id[:40]!r} of {message.key[:200]!r} was "
                                    f"granted to site {site!r}", field="upload_id")
         try:
-            self._store.complete_multipart(message.key, message.upload_id, list(message.etags))
-            stored = self._store.size(message.key)
+            self._store.complete_multipart(message.key, message.upload_id, list(message.etags),
+                                           write_once=True)
+        except AlreadyExists:  # the site wrote its own key before: the size check judges it
+            self._store.abort_multipart(message.key, message.upload_id)
         except FedhiveError:
             self._store.abort_multipart(message.key, message.upload_id)
             raise
+        stored = self._store.size(message.key)
         if stored != upload.size:
             self._store.delete(message.key)
             raise InvalidArgument(f"job {self.ctx.job_id} site {site}: upload of "
@@ -251,11 +297,18 @@ class TaskServer:
             raise InvalidArgument(f"{len(keys)} keys in one resign request (at most "
                                   f"{MAX_GRANT})", field="keys")
         prefix = self.ctx.tensor_prefix
+        with self._lock:
+            handed = [assigned.keys for assigned in self._assigned.values()
+                      if assigned.site == site]
         reply = task_pb2.ResignReply()
         for key in keys:
-            if not key.startswith(prefix) or ".." in key.split("/"):
-                raise PermissionDenied(f"job {self.ctx.job_id}: key {key[:200]!r} is not under "
-                                       "the job's tensor prefix", field="keys")
+            upload = parse_upload_key(prefix, key)
+            if not ((upload is not None and upload.site == site)
+                    or any(key in given for given in handed)):
+                self.ctx.log.warning("task_server.resign_refused", site=site, key=key[:200])
+                raise PermissionDenied(f"job {self.ctx.job_id}: key {key[:200]!r} is neither in "
+                                       f"the data of an open task of site {site!r} nor its "
+                                       "upload: no URL", field="keys")
             url = self._store.presign_get(key, self._url_ttl_s)
             reply.urls.add(key=key, url=url.url, url_expires_at_ms=url.expires_at_ms)
         self.ctx.log.debug("task_server.resigned", site=site, objects=len(keys))
@@ -292,7 +345,7 @@ class TaskServer:
 
     def _stored(self, key: str, size: int | None) -> bool:
         """The object is there (with `size` bytes, when known): nothing to upload. One of the
-        wrong size is damaged and may be written again."""
+        wrong size is damaged: not counted."""
         try:
             stored = self._store.size(key)
         except BlobNotFound:
@@ -303,14 +356,53 @@ class TaskServer:
             return False
         return True
 
+    def _present(self, site: str, checksum: str, size: int | None) -> str:
+        """The key of an object with this content that `site`'s result may name, '' for none:
+        the server's own (frozen layers, the global model sent back) or the site's own earlier
+        upload. Never another site's: that site could still write it."""
+        server = content_key(self.ctx.tensor_prefix, checksum)
+        if self._stored(server, size):
+            return server
+        with self._lock:
+            own = self._uploads.get((site, checksum), "")
+        return own if own and self._stored(own, size) else ""
+
+    def _remember(self, site: str, checksum: str, key: str) -> None:
+        """`site` uploads (or has) `checksum` at `key`: its later grants may answer present."""
+        if parse_upload_key(self.ctx.tensor_prefix, key) is None:
+            return  # the server's object: found by its name
+        with self._lock:
+            self._uploads[(site, checksum)] = key
+            self._uploads.move_to_end((site, checksum))
+            while len(self._uploads) > _UPLOADS_MEMORY:
+                self._uploads.popitem(last=False)
+
+    def _open(self, site: str, task_id: str) -> None:
+        """Upload grants are for a task assigned to `site` whose result is not in yet."""
+        with self._lock:
+            assigned = self._assigned.get(task_id)
+        if assigned is None or assigned.site != site:
+            raise PermissionDenied(f"job {self.ctx.job_id}: task {task_id[:80]!r} is not a "
+                                   f"task of site {site!r} awaiting its result: no upload "
+                                   "grant", field="task_id")
+
+    def _close(self, site: str, task_id: str) -> None:
+        """`site`'s result for `task_id` came: no more grants, relays or messages for it."""
+        with self._lock:
+            assigned = self._assigned.get(task_id)
+            if assigned is not None and assigned.site == site:
+                del self._assigned[task_id]
+
     def _where(self, site: str, task_id: str) -> str:
         """"job J site S task T round R" for messages about a site's result."""
         with self._lock:
-            name, round_ = self._assigned.get(task_id, ("", None))
+            assigned = self._assigned.get(task_id)
         where = f"job {self.ctx.job_id} site {site}"
-        if name:
-            where += f" task {name!r}"
-        return where + (f" round {round_}" if round_ is not None else "")
+        if assigned is not None and assigned.site == site:
+            where += f" task {assigned.name!r}"
+            if assigned.round is not None:
+                where += f" round {assigned.round}"
+        return where
 
     def _check_objects(self, dxo: Dxo) -> None:
         """Every uploaded ref names an object that exists with the ref's length."""
@@ -319,13 +411,13 @@ class TaskServer:
             return
 
         def check(ref: TensorRef) -> str:
+            where = f"tensor {ref.name!r}: object {ref.key}{uploaded_by(ref.key)}"
             try:
                 size = self._store.size(ref.key)
             except BlobNotFound:
-                return f"tensor {ref.name!r}: object {ref.key} is missing"
+                return f"{where} is missing"
             if size != ref.length:
-                return (f"tensor {ref.name!r}: object {ref.key} holds {size} bytes, the ref "
-                        f"says {ref.length}")
+                return f"{where} holds {size} bytes, the ref says {ref.length}"
             return ""
 
         with ThreadPoolExecutor(max_workers=min(self._check_workers, len(refs))) as pool:
@@ -347,14 +439,22 @@ class TaskServer:
             except FedhiveError as err:
                 self.ctx.log.warning("task_server.abort_upload_failed", key=key, error=str(err))
 
-    def _checked(self, dxo: Dxo) -> Dxo:
-        """Refs a site may send: inline, or at the content key of their checksum, URL dropped."""
+    def _checked(self, dxo: Dxo, site: str, task_id: str) -> Dxo:
+        """Refs `site` may send for `task_id` (see the module doc), URL dropped."""
+        with self._lock:
+            assigned = self._assigned.get(task_id)
+        handed = assigned.keys if assigned is not None and assigned.site == site else frozenset()
+        prefix = self.ctx.tensor_prefix
         for name, ref in list(dxo.data.items()):
             if not isinstance(ref, TensorRef) or ref.is_inline:
                 continue
-            if ref.key != content_key(self.ctx.tensor_prefix, ref.checksum) or ref.offset:
+            upload = parse_upload_key(prefix, ref.key)
+            if ref.offset or not (ref.key == content_key(prefix, ref.checksum) or (
+                    upload is not None and upload.checksum == ref.checksum
+                    and (upload.site == site or ref.key in handed))):
                 raise InvalidArgument(f"tensor {name!r}: key {ref.key[:200]!r} is not the "
-                                      "upload key granted for its checksum", field=name)
+                                      "server's object of its checksum, nor the site's own "
+                                      "upload of it, nor one its task handed it", field=name)
             dxo.data[name] = replace(ref, url="", url_expires_at_ms=0)
         return dxo
 
@@ -362,17 +462,20 @@ class TaskServer:
                     verdict: task_pb2.TaskResultReply | None) -> Encoded:
         task = client_task.task
         round_ = data.meta.get(MetaKey.CURRENT_ROUND)
+        packed = self._task_data(task, data)
         with self._lock:
-            self._assigned[client_task.id] = (
-                task.name, int(round_) if isinstance(round_, int | float) else None)
+            self._assigned[client_task.id] = _Assigned(
+                client_task.site, task.name,
+                int(round_) if isinstance(round_, int | float) else None, packed.keys)
+            self._assigned.move_to_end(client_task.id)
             while len(self._assigned) > _ASSIGNED_MEMORY:
                 self._assigned.popitem(last=False)
         own = _A(kind=_A.KIND_TASK, task_id=client_task.id, task_name=task.name,
                  props=dict_to_struct(task.props), timeout_ms=int(task.timeout * 1000),
                  result=verdict)
-        return Encoded(_A, own.SerializeToString() + self._task_data(task, data))
+        return Encoded(_A, own.SerializeToString() + packed.encoded)
 
-    def _task_data(self, task: Task, data: Dxo) -> bytes:
+    def _task_data(self, task: Task, data: Dxo) -> _Packed:
         """The assignment's `data` field, encoded once per task for all its sites: its arrays
         packed, its refs without a fresh URL (the global model, a site's result forwarded to
         the next site) presigned. Encoded again when the workflow gave the task other data (as
@@ -390,7 +493,7 @@ class TaskServer:
             now_ms = int(time.time() * 1000)
             if (cached is not None and cached.identity == identity and cached.meta == data.meta
                     and now_ms < cached.renew_at_ms):
-                return cached.encoded
+                return cached
             arrays = {name: value for name, value in data.data.items()
                       if not isinstance(value, TensorRef)}
             same_arrays = cached is not None and all(
@@ -403,7 +506,7 @@ class TaskServer:
             cached = self._encode(data, identity, refs, now_ms)
             with self._lock:
                 self._packed[task.id] = cached
-        return cached.encoded
+        return cached
 
     def _encode(self, data: Dxo, identity: dict[str, int], refs: dict[str, TensorRef],
                 now_ms: int) -> _Packed:
@@ -418,13 +521,26 @@ class TaskServer:
                 url = self._store.presign_get(ref.key, self._url_ttl_s)
                 ref.url, ref.url_expires_at_ms = url.url, url.expires_at_ms
             renew_at = min(renew_at, ref.url_expires_at_ms - margin)
+        keys = frozenset(ref.key for ref in holder.data.tensors if ref.key)
         return _Packed(identity, dict(data.data), dict(data.meta), refs,
-                       holder.SerializeToString(), renew_at)
+                       holder.SerializeToString(), renew_at, keys)
 
 
 def _upload_ttl(size: int) -> int:
     """An upload URL's lifetime: an hour, plus a second per MiB (a slow link still finishes)."""
     return min(URL_TTL_S + size // MiB, MAX_URL_TTL_S)
+
+
+@dataclass(frozen=True)
+class _Assigned:
+    """A task assigned to a site, until its result comes."""
+
+    site: str
+    name: str
+    round: int | None
+    # the objects its data names: the site may read them (resign) and send back another
+    # site's upload among them (a relay)
+    keys: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -441,3 +557,4 @@ class _Packed:
     refs: dict[str, TensorRef]  # the arrays' refs, as packed
     encoded: bytes  # TaskAssignment(data=...) serialized
     renew_at_ms: int  # when a URL in it comes within the margin of its expiry
+    keys: frozenset[str]  # the objects it names

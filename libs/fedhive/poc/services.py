@@ -94,11 +94,22 @@ def environment(settings: Settings, layout: PocLayout, *, site: bool = False) ->
     return env
 
 
-def write_site(layout: PocLayout, site: str, broker_url: str, namespace: str) -> Path:
+@dataclass(frozen=True)
+class SiteLink:
+    """What every site of a POC is told about the deployment besides its own broker URL."""
+
+    namespace: str
+    services_user: str  # the broker user whose commands its agent takes
+    storage_url: str  # where its app bundles come from (`S3BlobStore.url_prefix`)
+
+
+def write_site(layout: PocLayout, site: str, broker_url: str, link: SiteLink) -> Path:
     folder = layout.site_dir(site)
     (folder / "local").mkdir(parents=True, exist_ok=True)
-    config = {"site": site, "org": "poc", "broker_url": broker_url, "namespace": namespace,
-              "heartbeat_interval_s": HEARTBEAT_S, "abort_grace_s": 5}
+    config = {"site": site, "org": "poc", "broker_url": broker_url,
+              "namespace": link.namespace, "services_user": link.services_user,
+              "storage_url": link.storage_url, "heartbeat_interval_s": HEARTBEAT_S,
+              "abort_grace_s": 5}
     write_private(folder / "local" / "site.json", json.dumps(config, indent=2) + "\n")
     (folder / "local" / "resources.json").write_text(json.dumps(RESOURCES, indent=2) + "\n")
     return folder

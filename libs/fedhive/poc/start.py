@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from fedhive.brokerusers import check_name, create_users, plan, vhost_of, with_user
+from fedhive.blobs import S3BlobStore
+from fedhive.brokerusers import check_name, create_users, plan, user_of, vhost_of, with_user
 from fedhive.config import Settings
 from fedhive.errors import ConfigError, FedhiveError, InvalidArgument, PocFailed
 from fedhive.poc import checks, infra, probes, procs
@@ -36,7 +37,7 @@ from fedhive.poc.s3server import (
     weed_argv,
     write_identity,
 )
-from fedhive.poc.services import admin_token, commands, environment, write_site
+from fedhive.poc.services import SiteLink, admin_token, commands, environment, write_site
 from fedhive.poc.state import PocState, ProcessEntry, load_state
 from fedhive.poc.stop import shielded, teardown
 
@@ -155,7 +156,7 @@ def _prepare(layout: PocLayout, state: PocState, settings: Settings, ctl: Sequen
     state.broker_users = [user.name for user in users]
     state.save(layout.state_file)
     try:
-        create_users(users, vhost_of(settings.amqp_url), ctl)
+        create_users(users, vhost_of(settings.amqp_url), ctl, namespace=settings.namespace)
     except ConfigError:
         raise PocFailed(f"{ctl[0]} not found (RabbitMQ's tools create the sites' broker users):"
                         f" {infra.install_hint('rabbitmq-server')}") from None
@@ -165,9 +166,11 @@ def _prepare(layout: PocLayout, state: PocState, settings: Settings, ctl: Sequen
     except subprocess.TimeoutExpired as err:
         raise PocFailed(f"{ctl[0]} did not answer within {err.timeout:.0f} s (creating the sites'"
                         " broker users): check that RabbitMQ runs (rabbitmqctl status)") from None
-    for user in users:
-        write_site(layout, user.name, with_user(settings.amqp_url, user.name, user.password),
-                   settings.namespace)
+    store = S3BlobStore.from_settings(settings)
+    link = SiteLink(settings.namespace, user_of(settings.amqp_url), store.url_prefix())
+    store.close()
+    for site, user in zip(state.sites, users, strict=True):
+        write_site(layout, site, with_user(settings.amqp_url, user.name, user.password), link)
     return admin_token(layout, state.gateway)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from fedhive.errors import ConfigError, NotFound
+from fedhive.errors import ConfigError, FailedPrecondition, NotFound
 from fedhive.resources.requirements import require_positive_seconds
 from fedhive.resources.spec import CheckResult, Requirement, ResourceManagerSpec
 
@@ -74,6 +74,12 @@ class AutoCleanResourceManager(ResourceManagerSpec):
     @abstractmethod
     def _put_back(self, held: dict[str, Any]) -> None:
         """Return what `_take` took to the free pool."""
+
+    @abstractmethod
+    def _claim(self, held: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """Remove exactly the units of `held` (an allocation from before a restart) from the
+        free pool: what was taken, in `_take`'s form, and None; or `{}` and why not (a unit
+        unknown or not free, a malformed allocation), with nothing taken."""
 
     @abstractmethod
     def _totals(self) -> dict[str, Any]: ...
@@ -143,6 +149,30 @@ class AutoCleanResourceManager(ResourceManagerSpec):
             self._put_back(held)
         log.info("resources.freed", token=token, resources=held)
         return True
+
+    def restore(self, token: str, allocation: Mapping[str, Any]) -> None:
+        if token.startswith(EMPTY_TOKEN_PREFIX) or allocation == {}:
+            return  # nothing was held: nothing to take again
+        if not isinstance(allocation, Mapping):
+            raise FailedPrecondition(f"allocation of token {token!r} must be a dict, got "
+                                     f"{allocation!r}", field="allocation")
+        with self._lock:
+            self._expire()
+            held = self._allocated.get(token)
+            if held is not None:
+                if held == allocation:
+                    return  # restored before
+                raise FailedPrecondition(
+                    f"token {token!r} already holds {held}, not {dict(allocation)}", field="token")
+            if token in self._reserved:
+                raise FailedPrecondition(f"token {token!r} is a reservation, not an allocation",
+                                         field="token")
+            taken, problem = self._claim(allocation)
+            if problem is not None:
+                raise FailedPrecondition(f"cannot restore {dict(allocation)} of token {token!r}: "
+                                         f"{problem}", field="allocation")
+            self._allocated[token] = taken
+        log.info("resources.restored", token=token, resources=taken)
 
     def report_resources(self) -> dict[str, Any]:
         with self._lock:

@@ -85,6 +85,23 @@ class GPUResourceManager(AutoCleanResourceManager):
     def _put_back(self, held: dict[str, Any]) -> None:
         self._free_ids = sorted([*self._free_ids, *held[GPU_KEY]])
 
+    def _claim(self, held: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+        ids = held.get(GPU_KEY)
+        if set(held) != {GPU_KEY} or not isinstance(ids, list) or not ids or not all(
+            _is_device_id(i) for i in ids
+        ):
+            return {}, f"a GPU allocation is {{{GPU_KEY!r}: [device ids]}}"
+        wanted = [int(i) for i in ids]
+        if len(set(wanted)) != len(wanted):
+            return {}, f"it lists a GPU twice: {wanted}"
+        for index in wanted:
+            if index not in self._ids:
+                return {}, f"GPU {index} is not managed on this site (managed: {self._ids})"
+            if index not in self._free_ids:
+                return {}, f"GPU {index} is not free"
+        self._free_ids = [i for i in self._free_ids if i not in wanted]
+        return {GPU_KEY: wanted}, None
+
     def _totals(self) -> dict[str, Any]:
         return {NUM_GPUS: self._num, MEM_PER_GPU: self._mem, GPU_KEY: list(self._ids)}
 

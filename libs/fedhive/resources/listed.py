@@ -8,6 +8,7 @@ Free units are handed out in the configured order, lowest position first.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from fedhive.errors import ConfigError
@@ -61,11 +62,32 @@ class ListResourceManager(AutoCleanResourceManager):
             position = self._position[kind]
             self._pool[kind] = sorted([*self._pool[kind], *units], key=lambda u: position[u])
 
+    def _claim(self, held: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+        for kind, units in held.items():
+            if kind not in self._units:
+                return {}, f"unknown resource {kind!r} (known: {', '.join(sorted(self._units))})"
+            if not isinstance(units, list) or not units or not all(_is_unit(u) for u in units):
+                return {}, f"{kind!r} must be a non-empty list of units, got {units!r}"
+            if len(set(units)) != len(units):
+                return {}, f"it lists a {kind} unit twice: {units!r}"
+            for unit in units:
+                if unit not in self._position[kind]:
+                    return {}, f"{kind} unit {unit!r} is not on this site"
+                if unit not in self._pool[kind]:
+                    return {}, f"{kind} unit {unit!r} is not free"
+        for kind, units in held.items():
+            self._pool[kind] = [u for u in self._pool[kind] if u not in units]
+        return {kind: list(units) for kind, units in held.items()}, None
+
     def _totals(self) -> dict[str, Any]:
         return {kind: len(units) for kind, units in self._units.items()}
 
     def _free(self) -> dict[str, Any]:
         return {kind: len(units) for kind, units in self._pool.items()}
+
+
+def _is_unit(value: object) -> bool:
+    return isinstance(value, int | str) and not isinstance(value, bool)
 
 
 def _validated(resources: object) -> dict[str, list[Unit]]:
@@ -79,9 +101,7 @@ def _validated(resources: object) -> dict[str, list[Unit]]:
         field = f"resources.{kind}"
         if not isinstance(kind, str) or not kind:
             raise ConfigError(f"resource name {kind!r} must be a non-empty string", field=field)
-        if not isinstance(units, list) or not all(
-            isinstance(u, int | str) and not isinstance(u, bool) for u in units
-        ):
+        if not isinstance(units, list) or not all(_is_unit(u) for u in units):
             raise ConfigError(
                 f"{field} must be a list of integers or strings, got {units!r}", field=field
             )

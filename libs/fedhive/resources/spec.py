@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fedhive.errors import FailedPrecondition
+
 Requirement = Mapping[str, Any]
 """One site's resource requirement from meta.json `resource_spec`, e.g. `{"num_of_gpus": 1}`."""
 
@@ -63,6 +65,20 @@ class ResourceManagerSpec(ABC):
     @abstractmethod
     def report_resources(self) -> dict[str, Any]:
         """JSON-able totals and free amounts (string keys; goes into heartbeats)."""
+
+    def restore(self, token: str, allocation: Mapping[str, Any]) -> None:
+        """After a restart of the site agent, take `allocation` (what `allocate_resources(token)`
+        returned before) again under `token`, for a job that is still running: from then on it
+        is allocated, as if just allocated, and `free_resources(token)` gives it back. Restoring
+        the same again is a no-op. Raises `FailedPrecondition`, holding nothing, when a unit is
+        unknown here or not free, or the token holds something else.
+
+        Not abstract, so that a manager written before it still loads: such a manager cannot
+        restore, and the agent stops the job it would have re-adopted."""
+        raise FailedPrecondition(
+            f"resource manager {type(self).__name__} cannot restore an allocation",
+            field="resource_manager",
+        )
 
 
 class ResourceConsumerSpec(ABC):

@@ -7,18 +7,30 @@ SiteHeartbeat). Which caller sees a transition is decided atomically in the stor
 intake replicas, or one restarted, announce each transition once.
 
 Sender identity: a site publishes on `site.<site>.<kind>` with the AMQP `user_id` property,
-which RabbitMQ verifies against the connection's user (the site's own broker user). The intake
-accepts an event only when the `user_id`, the site in the routing key and the site in the
-payload are the same name; a site holding its own credentials cannot speak for another.
+which RabbitMQ verifies against the connection's user (the site's own broker user,
+`Names.site_user`). The intake accepts an event only when the `user_id` is the broker user of
+the site in the routing key and that site is the one in the payload; a site holding its own
+credentials cannot speak for another.
 
 Times: `sent_at_ms` orders one site's events (a beat older than the site's last recorded one is
 stale and ignored). An event without it (0) is stamped with the intake's clock on arrival.
+
+Verdicts on absence (a site's record expired, a client job's beats stopped) are only as good as
+the data behind them: while the intake's consumer is cut off from the broker, or the store does
+not answer, beats that were sent are missing, not late. `Vigil` says when a judge may take such
+verdicts: its own consumer has consumed without a break, and the store has answered every call,
+for at least the verdict's TTL (`site_ttl_s` / `job_ttl_s`); after a reconnect, verdicts wait
+until a whole TTL of fresh beats could have arrived. With several intake replicas each judges
+only on its own vigil: the queue is shared, so one replica that is cut off receives nothing
+while the others receive everything, and their store writes make the records whole again; a
+replica never trusts another's connection, only the store's records and its own continuity.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -54,6 +66,39 @@ class IntakeConfig:
         for name in ("site_ttl_s", "job_ttl_s", "sweep_interval_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+class Vigil:
+    """Since when a judge's view of site liveness is whole. The store's side is told here
+    (`store_answered` after every successful call, `store_failed` after a failed one); the
+    consumer's side is its `consuming_since` (monotonic; None while it reconnects)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._store_since: float | None = None  # None: no answer since the last failure
+
+    def store_answered(self) -> None:
+        with self._lock:
+            if self._store_since is None:
+                self._store_since = self._clock()
+
+    def store_failed(self) -> None:
+        with self._lock:
+            self._store_since = None
+
+    def whole_for(self, consuming_since: float | None) -> float:
+        """How long (seconds) both the consumer and the store have been there without a
+        break; 0 while either is not."""
+        with self._lock:
+            store_since = self._store_since
+        if consuming_since is None or store_since is None:
+            return 0.0
+        return max(0.0, self._clock() - max(consuming_since, store_since))
+
+    def trusts(self, consuming_since: float | None, window_s: float) -> bool:
+        """Whether an absence over the last `window_s` seconds is real, not a gap in the view."""
+        return self.whole_for(consuming_since) >= window_s
 
 
 @dataclass(frozen=True)
@@ -92,12 +137,12 @@ def parse_routing_key(routing_key: str) -> tuple[str, Kind]:
     return parts[1], kind
 
 
-def accept(message: Message, routing_key: str, user_id: str | None) -> SiteEvent:
+def accept(message: Message, routing_key: str, user_id: str | None, names: Names) -> SiteEvent:
     """Verify one delivered site event and decode it.
 
-    PermissionDenied (naming the sender and the claimed site) when `user_id`, the routing key's
-    site and the payload's site differ; MalformedMessage when the routing key or the payload
-    type does not fit.
+    PermissionDenied (naming the sender and the claimed site) when `user_id` is not the broker
+    user of the routing key's site, or the payload names another site; MalformedMessage when the
+    routing key or the payload type does not fit.
     """
     site, kind = parse_routing_key(routing_key)
     if kind == "job":
@@ -110,10 +155,11 @@ def accept(message: Message, routing_key: str, user_id: str | None) -> SiteEvent
             raise MalformedMessage(f"{routing_key} carries a {type(message).__name__}, not a "
                                    f"SiteHeartbeat", field="type")
         claimed = message.site
-    if user_id != site or claimed != site:
+    if user_id != names.site_user(site) or claimed != site:
         raise PermissionDenied(
             f"{routing_key} refused: sent by broker user {user_id or '(none)'!r} for site "
-            f"{site!r} with payload site {claimed!r}; all three must match",
+            f"{site!r} with payload site {claimed!r}; the sender must be the site's broker "
+            f"user {names.site_user(site)!r} and the payload name the site",
             field="user_id",
         )
     if isinstance(message, site_pb2.JobHeartbeat):

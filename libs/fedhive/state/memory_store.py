@@ -228,6 +228,16 @@ class MemoryStateStore:
                 )
             self._leases[name] = _Expiring((holder, token), time.monotonic() + ttl_s)
 
+    def take_over(self, name: str, holder: str, ttl_s: float, *, previous: str) -> int | None:
+        with self._lock:
+            current = self._live_lease(name)
+            if current is not None and current[0] not in (holder, previous):
+                return None
+            token = self._fences.get(name, 0) + 1
+            self._fences[name] = token
+            self._leases[name] = _Expiring((holder, token), time.monotonic() + ttl_s)
+            return token
+
     def release(self, name: str, holder: str, token: int) -> bool:
         with self._lock:
             if self._live_lease(name) != (holder, token):
@@ -312,6 +322,9 @@ class MemoryStateStore:
     def record_job_heartbeats(self, beats: Sequence[JobHeartbeat], ttl_s: float) -> None:
         with self._lock:
             for beat in beats:
+                kept = self._job_beats.get((beat.job_id, beat.site))
+                if not beat.ended and kept is not None and kept.alive() and kept.value.ended:
+                    continue
                 expires = time.monotonic() + ttl_s
                 self._job_beats[(beat.job_id, beat.site)] = _Expiring(beat, expires)
 

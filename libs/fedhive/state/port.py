@@ -134,6 +134,13 @@ class Leases(Protocol):
         """Extend the lease; LeaseNotHeld if `token` is no longer the lease's current token."""
         ...
 
+    def take_over(self, name: str, holder: str, ttl_s: float, *, previous: str) -> int | None:
+        """A new fencing token (higher than any before) for `holder` when the lease is free or
+        held by `previous` or `holder`: whoever held it until now is fenced out (renewing or
+        fencing with the old token fails). None (nothing changes) when another holder has it.
+        For a successor that knows its predecessor is gone, e.g. a restarted process."""
+        ...
+
     def release(self, name: str, holder: str, token: int) -> bool:
         """Give the lease up; False (and nothing changes) if not held with this token."""
         ...
@@ -191,7 +198,9 @@ class SitePresence(Protocol):
         ...
 
     def record_job_heartbeats(self, beats: Sequence[JobHeartbeat], ttl_s: float) -> None:
-        """Keep each beat as the last one of its (job, site) for `ttl_s`."""
+        """Keep each beat as the last one of its (job, site) for `ttl_s`; a beat that is not
+        `ended` never replaces an ended one (a client job's end is its last word, whichever
+        arrives first)."""
         ...
 
     def get_job_heartbeat(self, job_id: str, site: str) -> JobHeartbeat | None:

@@ -4,7 +4,8 @@ so of several intake replicas exactly one sees a site go online or offline.
 Keys (from `Names`): `{ns}:sites` (zset site -> last recorded `sent_at_ms`, i.e. every known
 site and when it was last seen), `{ns}:sites:online` (set of sites announced online),
 `{ns}:sites:last` (hash site -> last heartbeat JSON, kept after the live record expires) and
-`{ns}:site:<name>` (the live record, with the liveness TTL). The sweep builds live-record keys
+`{ns}:site:<name>` (the live record, with the liveness TTL), and one key per client job's last
+beat (`Names.job_heartbeat_key`, JSON, with the job TTL). The sweep builds live-record keys
 from their prefix, so like every fedhive script it needs a single-shard Redis.
 """
 
@@ -55,4 +56,17 @@ for _, site in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   end
 end
 return gone
+""")
+
+# KEYS: one job-heartbeat key per beat. ARGV: ttl_ms, then (heartbeat JSON, 1 if ended else 0)
+# per beat. A beat that is not ended does not replace an ended one.
+RECORD_JOB_HEARTBEATS = LuaScript("""
+for i = 1, #KEYS do
+  local value, ended = ARGV[2 * i], ARGV[2 * i + 1]
+  local old = ended == '0' and redis.call('GET', KEYS[i])
+  if not (old and cjson.decode(old).ended) then
+    redis.call('SET', KEYS[i], value, 'PX', ARGV[1])
+  end
+end
+return 0
 """)

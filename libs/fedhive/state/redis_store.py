@@ -301,6 +301,14 @@ class RedisStateStore:
                 f"lease {name} is no longer held by {holder} with token {token}", field=name
             )
 
+    def take_over(self, name: str, holder: str, ttl_s: float, *, previous: str) -> int | None:
+        keys = self._lease_keys(name)
+        token = self._script(
+            f"take over lease {name}", scripts.TAKE_OVER_LEASE, keys,
+            [holder, previous, _ms(ttl_s)],
+        )
+        return None if token is None else int(token)
+
     def release(self, name: str, holder: str, token: int) -> bool:
         keys = self._lease_keys(name)
         released = self._script(
@@ -394,15 +402,14 @@ class RedisStateStore:
                                                 lambda: self._client.smembers(key))))
 
     def record_job_heartbeats(self, beats: Sequence[JobHeartbeat], ttl_s: float) -> None:
-        def write() -> None:
-            pipe = self._client.pipeline(transaction=False)
-            for beat in beats:
-                key = self._names.job_heartbeat_key(beat.job_id, beat.site)
-                pipe.set(key, json.dumps(asdict(beat)), px=_ms(ttl_s))
-            pipe.execute()
-
-        if beats:
-            self._call(f"record {len(beats)} job heartbeats", write)
+        if not beats:
+            return
+        keys = [self._names.job_heartbeat_key(beat.job_id, beat.site) for beat in beats]
+        args: list[Any] = [_ms(ttl_s)]
+        for beat in beats:
+            args += [json.dumps(asdict(beat)), int(beat.ended)]
+        self._script(f"record {len(beats)} job heartbeats", presence_scripts.RECORD_JOB_HEARTBEATS,
+                     keys, args)
 
     def get_job_heartbeat(self, job_id: str, site: str) -> JobHeartbeat | None:
         key = self._names.job_heartbeat_key(job_id, site)

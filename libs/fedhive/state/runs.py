@@ -37,6 +37,8 @@ class SiteState:
     reported: bool = False  # the site sent a heartbeat for the job at least once
     seen_online: bool = False  # the registry had the site online while the job ran
     last_heartbeat_ms: int = 0  # the site's last heartbeat for the job, 0 before the first
+    started_at_ms: int = 0  # when the site started the client job, by the site's clock
+    ended: str = ""  # how the client job ended, once its site said so
 
 
 @dataclass(frozen=True)

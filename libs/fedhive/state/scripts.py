@@ -189,6 +189,17 @@ return 1
 """
 )
 
+TAKE_OVER_LEASE = LuaScript(
+    """-- ARGV: holder, previous, ttl_ms. Answers a new token, or nil when another holder has it.
+local holder = redis.call('HGET', KEYS[1], 'holder')
+if holder and holder ~= ARGV[1] and holder ~= ARGV[2] then return false end
+local token = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', token)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return token
+"""
+)
+
 RELEASE_LEASE = LuaScript(
     """-- ARGV: holder, token. Answers 1 when released, 0 when not held so.
 if redis.call('HGET', KEYS[1], 'holder') == ARGV[1]

@@ -1,16 +1,17 @@
 """Cyclic: the model travels from site to site (FLARE's CyclicController).
 
-Each round relays the `task_name` task over the sites still in the job, in `order`: "FIXED"
-(the job's site order), "RANDOM" (shuffled each round), "RANDOM_WITHOUT_SAME_IN_A_ROW" (shuffled,
+Each round relays the `task_name` task over the sites still in the job, in `order`: "FIXED" (the
+job's site order), "RANDOM" (shuffled each round), "RANDOM_WITHOUT_SAME_IN_A_ROW" (shuffled,
 never starting with the site that ended the previous round) or a list of site names (each must
 still be in the job). A site's result becomes the next site's task data: a full model is
-forwarded as the refs the site sent, unread (the server never downloads it); a WEIGHT_DIFF is
-read and added to the model. A site that does not take its turn within
-`task_assignment_timeout` seconds is passed over. A site's error result ends the workflow, as
-does EARLY_TERMINATION unless `allow_early_termination` (then it stops after the round, model
-persisted). The model is persisted every `persist_every_n_rounds` rounds and at the end, and
-checkpointed every `snapshot_every_n_rounds` rounds and at the end. A result of the wrong shape
-or dtype for the model ends the workflow like an error result.
+forwarded within the round as the refs the site sent, unread; at the end of the round the
+model's site uploads are read once and stored as the server's (`ModelStore.adopt`: the global
+model never names a site's object); a WEIGHT_DIFF is read and added to the model. A site that
+does not take its turn within `task_assignment_timeout` seconds is passed over. A site's error
+result ends the workflow, as does EARLY_TERMINATION unless `allow_early_termination` (then it
+stops after the round, model persisted). The model is persisted every `persist_every_n_rounds`
+rounds and at the end, and checkpointed every `snapshot_every_n_rounds` rounds and at the end. A
+result of the wrong shape or dtype for the model ends the workflow like an error result.
 
 The model stays in S3 (refs; see `workflows.base`): a WEIGHT_DIFF is added tensor by tensor,
 the persistor writes the file tensor by tensor, and after each round the objects no longer

@@ -291,19 +291,15 @@ class StartRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
-    SERVER_QUEUE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
-    server_queue: _builtins.str
-    """where the client job talks to its server job"""
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
-        server_queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "server_queue", b"server_queue"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -239,9 +239,12 @@ Global___TaskResultReply: _TypeAlias = TaskResultReply  # noqa: Y015
 
 @_typing.final
 class GrantUploadRequest(_message.Message):
-    """CJ -> SJ RPC: where to upload result arrays too large to travel inline. Objects are
-    content-addressed (`{job tensor prefix}blake3/<hex>`), so one already there is not sent again.
-    A CJ running a trainer (fedhive.client) relays the trainer's request as its own.
+    """CJ -> SJ RPC: where to upload result arrays too large to travel inline, for a task of this
+    site awaiting its result. Objects are named by their content: the server's
+    (`{job tensor prefix}blake3/<hex>`) or the site's own for the task
+    (`{job tensor prefix}sites/<site>/<task id>/blake3/<hex>`, the only keys a site may write), so
+    one already there is not sent again (`present`). A CJ running a trainer (fedhive.client)
+    relays the trainer's request as its own.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -295,6 +298,7 @@ class UploadGrant(_message.Message):
         UPLOAD_ID_FIELD_NUMBER: _builtins.int
         PART_SIZE_FIELD_NUMBER: _builtins.int
         PART_URLS_FIELD_NUMBER: _builtins.int
+        WRITE_ONCE_FIELD_NUMBER: _builtins.int
         checksum: _builtins.str
         key: _builtins.str
         url: _builtins.str
@@ -308,6 +312,10 @@ class UploadGrant(_message.Message):
         [i * part_size, (i + 1) * part_size) to part_urls[i], then CompleteUploadRequest.
         """
         part_size: _builtins.int
+        write_once: _builtins.bool
+        """`url` is write-once: PUT it with the header `If-None-Match: *` (signed: without it S3
+        refuses the PUT); S3 answers 412 once `key` holds an object, which is then written.
+        """
         @_builtins.property
         def part_urls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
         def __init__(
@@ -321,10 +329,11 @@ class UploadGrant(_message.Message):
             upload_id: _builtins.str = ...,
             part_size: _builtins.int = ...,
             part_urls: _abc.Iterable[_builtins.str] | None = ...,
+            write_once: _builtins.bool = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "key", b"key", "part_size", b"part_size", "part_urls", b"part_urls", "present", b"present", "upload_id", b"upload_id", "url", b"url", "url_expires_at_ms", b"url_expires_at_ms"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "key", b"key", "part_size", b"part_size", "part_urls", b"part_urls", "present", b"present", "upload_id", b"upload_id", "url", b"url", "url_expires_at_ms", b"url_expires_at_ms", "write_once", b"write_once"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -397,7 +406,7 @@ class ResignRequest(_message.Message):
     site: _builtins.str
     @_builtins.property
     def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """under the job's tensor prefix"""
+        """handed to this site in its open tasks' data, or its own uploads"""
 
     def __init__(
         self,

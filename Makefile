@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup proto lint test bench infra gpu-check demo
+.PHONY: setup proto lint test bench soak infra gpu-check demo
 
 setup: $(STAMP)
 
@@ -41,7 +41,14 @@ demo: setup
 
 # Each script prints JSON and writes bench/results/<name>.json; bench/RESULTS.md says how to read them.
 bench: setup infra
-	for name in blobs jobs heartbeats scheduling rounds large_model; do $(PY) bench/$$name.py || exit 1; done
+	for name in blobs jobs heartbeats scheduling rounds large_model faults; do $(PY) bench/$$name.py || exit 1; done
+
+# A longer randomised fault run (not part of `make test`): SOAK_TRIALS random scenarios at random
+# moments (tests/faults/scenarios.py), every invariant checked after each; writes
+# bench/results/faults_soak.json. SOAK_SEED=N replays a run.
+SOAK_TRIALS ?= 200
+soak: setup infra
+	$(PY) bench/faults.py --soak --trials $(SOAK_TRIALS) $(if $(SOAK_SEED),--seed $(SOAK_SEED))
 
 # Proves the NVML path on a machine with a GPU (detection, distinct device ids, CUDA_VISIBLE_DEVICES
 # seen by a child); exits 2 with one line where there is no GPU. Tests never need a GPU.

@@ -153,6 +153,11 @@ class Names:
         """The server-job process's liveness record (expires unless the SJ renews it)."""
         return self.key("job", job_id, "sj", "alive")
 
+    def server_job_stop_key(self, job_id: str) -> str:
+        """Set by a runner that must stop an SJ it cannot signal (on another host); the SJ
+        looks at it with each liveness renewal."""
+        return self.key("job", job_id, "sj", "stop")
+
     def server_job_outcome_key(self, job_id: str) -> str:
         """What the server-job process reported when it ended (first report wins)."""
         return self.key("job", job_id, "sj", "outcome")

@@ -18,7 +18,10 @@ or starting them) are dispatched again, resuming from where it stopped (`dispatc
 At start and every `orphan_grace_s`, a DISPATCHED job that no runner works on (its ownership
 lease is free or expired, or held under this runner's id with no dispatch of it in progress
 here) for longer than `orphan_grace_s` — its `DispatchJob` was lost, or its runner died
-mid-dispatch — is re-issued to the runners' queue from its record.
+mid-dispatch — is re-issued to the runners' queue from its record; and a job whose runner is
+gone for good (no live process holds its runner id, and the job's ownership lease lapsed: a
+runner whose host died, whose replacement has another id) is taken over as at `recover` (its
+server job, wherever it runs, is then judged by its liveness record: `server_job`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from fedhive.proto.v1 import runner_pb2, site_pb2
 from fedhive.sites.heartbeat import SiteHeartbeat
 from fedhive.state.runs import RunEntry
 
-from . import server_job
+from . import identity, server_job
 from .context import RunnerContext, lease_name
 from .finish import conclude, record_sites, wind_up
 from .heartbeats import STORE_ERRORS, HeartbeatIntake
@@ -56,22 +59,37 @@ def max_runtime(record: JobRecord) -> float | None:
 
 def recover(ctx: RunnerContext) -> None:
     for entry in ctx.runs.all():
-        if entry.runner != ctx.config.holder:
-            continue
-        token = ctx.state.take_over(lease_name(entry.job_id), ctx.config.holder,
-                                    ctx.config.lease_ttl_s, previous=ctx.config.holder)
-        if token is None:
-            continue  # another runner took the job over meanwhile
-        entry = replace(entry, fence_token=token)
-        ctx.runs.put(entry)
-        status = ctx.state.get_job(entry.job_id).status
-        if status == R:  # the phase may lag the status by one write: the status decides
-            ctx.runs.put(RunEntry(**{**entry.__dict__, "phase": "running"}))
-            ctx.log.info("job_runner.reattached", job_id=entry.job_id, pid=entry.pid)
-        elif status == JobStatus.DISPATCHED:
-            redispatch(ctx, entry.job_id, f"the job-runner restarted while it was {entry.phase}")
-        else:
-            wind_up(ctx, entry, f"job is {status.value}")
+        if entry.runner == ctx.config.holder:
+            take_back(ctx, entry, "the job-runner restarted")
+
+
+def take_back(ctx: RunnerContext, entry: RunEntry, why: str) -> None:
+    """Own the job `entry`'s runner left: its ownership lease taken over with a new token (so a
+    write of the one before, still in flight, is refused), then the job's status decides."""
+    token = ctx.state.take_over(lease_name(entry.job_id), ctx.config.holder,
+                                ctx.config.lease_ttl_s, previous=entry.runner)
+    if token is None:
+        return  # another runner took the job over meanwhile
+    entry = replace(entry, runner=ctx.config.holder, fence_token=token)
+    ctx.runs.put(entry)
+    status = ctx.state.get_job(entry.job_id).status
+    if status == R:  # the phase may lag the status by one write: the status decides
+        ctx.runs.put(replace(entry, phase="running"))
+        ctx.log.info("job_runner.reattached", job_id=entry.job_id, pid=entry.pid,
+                     host=entry.host, why=why)
+    elif status == JobStatus.DISPATCHED:
+        redispatch(ctx, entry.job_id, f"{why} while it was {entry.phase}")
+    else:
+        wind_up(ctx, entry, f"job is {status.value}")
+
+
+def abandoned(ctx: RunnerContext) -> list[RunEntry]:
+    """Jobs of other runner ids whose runner is gone: no process holds the id, and the job's
+    ownership lease lapsed (so its runner stopped renewing it)."""
+    return [entry for entry in ctx.runs.all()
+            if entry.runner != ctx.config.holder
+            and ctx.state.get_lease(identity.lease_name(entry.runner)) is None
+            and ctx.state.get_lease(lease_name(entry.job_id)) is None]
 
 
 def redispatch(ctx: RunnerContext, job_id: str, why: str) -> None:
@@ -150,14 +168,28 @@ class Monitor:
                 continue
             if entry.phase != "running":  # a dispatch in progress: keep its ownership
                 self._renew(entry)
-                continue
             with self.ctx.try_job_lock(entry.job_id) as free:
                 current = self.ctx.runs.get(entry.job_id) if free else None
+                if current is not None and current.phase != "running":
+                    current = self._caught_up(current)
                 if current is not None:
                     self.watch(current, online, live)
         self.stray_jobs(running, live)
         if time.monotonic() >= self._next_scan:
             self.reissue_orphans()
+
+    def _caught_up(self, entry: RunEntry) -> RunEntry | None:
+        """An entry no dispatch works on any more (this runner's job lock is free) that is not
+        in phase running: the job's status decides, as at `recover`. RUNNING: the dispatch set
+        the status, then failed before it recorded the phase (Redis or the broker away at that
+        moment), so the job is watched from now on; anything else is the orphan scan's."""
+        if self.ctx.state.get_job(entry.job_id).status != R:
+            return None
+        self.ctx.log.warning("job_runner.phase_caught_up", job_id=entry.job_id, was=entry.phase,
+                             why="the job is RUNNING; its dispatch stopped before recording it")
+        caught_up = replace(entry, phase="running")
+        self.ctx.runs.put(caught_up)
+        return caught_up
 
     def _renew(self, entry: RunEntry) -> None:
         try:
@@ -175,6 +207,10 @@ class Monitor:
             if now - self._reissued.get(job_id, -1e9) >= again_after:
                 self._reissued[job_id] = now
                 redispatch(self.ctx, job_id, "DISPATCHED, and no job-runner works on it")
+        for entry in abandoned(self.ctx):
+            self.ctx.log.warning("job_runner.taking_over", job_id=entry.job_id,
+                                 runner=entry.runner, why="its job-runner is gone")
+            take_back(self.ctx, entry, f"job-runner {entry.runner!r} is gone")
 
     # one job ----------------------------------------------------------------------------
     def watch(self, entry: RunEntry, online: set[str], live: dict[str, SiteHeartbeat]) -> None:

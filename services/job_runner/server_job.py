@@ -2,7 +2,9 @@
 
 The SJ runs in its own process group (so stopping it stops whatever it started) and does not
 depend on the runner: a restarted runner finds it by pid, checked against its create time so a
-reused pid is never taken for it (nor killed).
+reused pid is never taken for it (nor killed). A runner on another host (one that took the job
+over from a runner that is gone) cannot see that process: its liveness record alone tells
+whether it runs, and it is stopped by a request it reads from Redis (`RunTable.ask_stop`).
 
 SJs are forked by a fork server (`multiprocessing`'s, started on the first launch) that has
 imported `fedhive.fl.server_job` and the runner's modules once: a Python start-up with those
@@ -15,6 +17,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import socket
 import time
 from multiprocessing.popen_forkserver import Popen as ForkedPopen
 
@@ -48,7 +51,13 @@ def launch(ctx: RunnerContext, entry: RunEntry, env: dict[str, str], sites: list
         started = psutil.Process(proc.pid).create_time()
     except psutil.Error:
         started = 0.0  # it already ended: the monitor learns how from `ended`
-    return RunEntry(**{**entry.__dict__, "pid": proc.pid, "pid_started": started})
+    return RunEntry(**{**entry.__dict__, "host": socket.gethostname(), "pid": proc.pid,
+                       "pid_started": started})
+
+
+def elsewhere(entry: RunEntry) -> bool:
+    """The SJ runs on another host: its pid says nothing here."""
+    return bool(entry.host) and entry.host != socket.gethostname()
 
 
 def server_job_argv(entry: RunEntry, workspace: str, sites: list[str], liveness_s: float,
@@ -65,7 +74,7 @@ def server_job_argv(entry: RunEntry, workspace: str, sites: list[str], liveness_
 
 def _process(entry: RunEntry) -> psutil.Process | None:
     """The SJ if it still exists (not a zombie), else None."""
-    if not entry.pid:
+    if not entry.pid or elsewhere(entry):
         return None
     try:
         proc = psutil.Process(entry.pid)
@@ -88,13 +97,19 @@ def ended(ctx: RunnerContext, entry: RunEntry) -> str | None:
         if code < 0:
             return f"killed by signal {signal.Signals(-code).name}"
         return f"exit code {code}"
-    if _process(entry) is not None:
-        return None
+    if elsewhere(entry) or _process(entry) is not None:
+        return None  # elsewhere: its liveness record tells (the monitor reads it)
     return "server job process vanished (not a child of this runner: exit status unknown)"
 
 
 def stop(ctx: RunnerContext, entry: RunEntry) -> None:
-    """SIGTERM to the SJ's process group, SIGKILL after the grace period."""
+    """SIGTERM to the SJ's process group, SIGKILL after the grace period; an SJ on another host
+    is asked to stop through Redis."""
+    if elsewhere(entry):
+        ctx.runs.ask_stop(entry.job_id)
+        ctx.log.info("job_runner.server_job_asked_to_stop", job_id=entry.job_id,
+                     host=entry.host)
+        return
     proc = _process(entry)
     if proc is None:
         return

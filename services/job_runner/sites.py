@@ -48,17 +48,22 @@ def cancel(ctx: RunnerContext, job_id: str, tokens: Mapping[str, str]) -> None:
 def release(ctx: RunnerContext, job_id: str, sites: Mapping[str, str], reason: str) -> None:
     """Stop the client jobs, free what they hold and cancel unused reservations on `sites`
     (site -> reservation token), best effort: a site that does not answer frees its own once
-    the job is gone from it (its reservations expire)."""
+    the job is gone from it (its reservations expire), so a site whose abort went unanswered
+    is not asked again (each unanswered call costs a whole sync timeout)."""
     log = ctx.log.bind(job_id=job_id)
     aborts = call_sites(ctx, {s: site_pb2.AbortRequest(job_id=job_id, reason=reason)
                               for s in sites}, site_pb2.SiteJob)
-    frees = call_sites(ctx, {s: site_pb2.FreeResourcesRequest(job_id=job_id) for s in sites},
+    answered = {s: t for s, t in sites.items()
+                if not isinstance(aborts[s], RpcTimeout | Unroutable)}
+    frees = call_sites(ctx, {s: site_pb2.FreeResourcesRequest(job_id=job_id) for s in answered},
                        site_pb2.SiteJob)
     cancels = call_sites(ctx, {s: site_pb2.CancelResourcesRequest(token=t)
-                               for s, t in sites.items() if t}, site_pb2.CancelResourcesReply)
+                               for s, t in answered.items() if t},
+                         site_pb2.CancelResourcesReply)
     for site in sites:
         problems = [f"{name}: {reply}" for name, reply in
-                    (("abort", aborts[site]), ("free", frees[site]), ("cancel", cancels.get(site)))
+                    (("abort", aborts[site]), ("free", frees.get(site)),
+                     ("cancel", cancels.get(site)))
                     if isinstance(reply, FedhiveError) and not _harmless(reply)]
         if problems:
             log.warning("job_runner.release_incomplete", site=site, problems=problems)

@@ -6,6 +6,7 @@ SUBMITTED -> DISPATCHED, `DispatchJob` to the runner's queue).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -503,3 +504,56 @@ def _ended(props: Any, body: bytes, site: str) -> bool:
         return False
     beat = site_pb2.JobHeartbeat.FromString(body)
     return beat.ended and beat.site == site
+
+
+def test_a_runner_gone_for_good_has_its_jobs_taken_over_by_another(
+    stack_of: Callable[..., Stack], job_runners: Runners,
+) -> None:
+    """The runner's host died and its replacement has another id: once no process holds the
+    dead runner's id and the job's lease lapsed, another runner owns the job, watches its
+    server job and ends it once."""
+    stack = stack_of(2, "--lease-ttl", "2")
+    job_id = stack.run(flow_job(flow("Hold")))
+    stack.wait_status(job_id, S.RUNNING)
+    other = job_runners.start("--lease-ttl", "2", "--runner-id", "other-runner",
+                              name="other")
+    stack.runner.kill()  # and never started again
+    wait_for(lambda: other.logged("job_runner.taking_over", job_id=job_id), timeout=30,
+             what="the other runner to take the job over")
+    assert other.logged("job_runner.reattached") == 1, other.log()
+    (stack.runner.workspace(job_id) / "go").write_text("")
+    stack.runner = other
+    record = stack.wait_status(job_id, S.FINISHED_COMPLETED)
+    assert stack.result(record)["server_job.log"].count(b'"server_job.started"') == 1
+    wait_for(lambda: stack.freed(job_id), timeout=15, what="the sites to be freed")
+
+
+def test_a_server_job_on_a_host_the_runner_cannot_see_is_judged_and_stopped_through_redis(
+    stack_of: Callable[..., Stack], job_runners: Runners, settings: Settings,
+) -> None:
+    """The server job of a taken-over job runs on another host (simulated: its entry names
+    another host): its pid says nothing to the new runner, its liveness record does, and an
+    abort reaches it as a stop request in Redis."""
+    stack = stack_of(2, "--lease-ttl", "2")
+    job_id = stack.run(flow_job(flow("Hold")))
+    stack.wait_status(job_id, S.RUNNING)
+    table = RunTable.from_settings(settings)
+    try:
+        stack.runner.kill()
+        entry = table.get(job_id)
+        assert entry is not None and entry.pid
+        table.put(dataclasses.replace(entry, host="elsewhere.example"))
+        other = job_runners.start("--lease-ttl", "2", "--runner-id", "other-runner",
+                                  name="other")
+        wait_for(lambda: other.logged("job_runner.reattached") == 1, timeout=30,
+                 what="the other runner to take the job over")
+        time.sleep(3)  # the server job runs on: a pid of "another host" is not judged dead
+        assert stack.job(job_id).status == S.RUNNING, other.log()
+        stack.runner = other
+        assert stack.abort(job_id).status == status_to_proto(S.FINISHED_ABORTED)
+        wait_for(lambda: other.logged("job_runner.server_job_asked_to_stop") >= 1, timeout=20,
+                 what="the stop request")
+        wait_for(lambda: _gone(entry.pid), timeout=20, what="the server job to stop itself")
+        wait_for(lambda: stack.freed(job_id), timeout=20, what="the sites to be freed")
+    finally:
+        table.close()

@@ -7,7 +7,9 @@ connection thread replies/acks. So a message is acked only after its handler ret
 
 * returned normally: reply (for an RPC request) and ack;
 * raised a `FedhiveError` (a domain error, it will never succeed): an RPC request gets a
-  `fedhive.v1.Error` reply and is acked; a one-way command is dead-lettered;
+  `fedhive.v1.Error` reply and is acked (its caller decides whether to retry); a one-way
+  command is dead-lettered, unless the error is `Unavailable` (a store or the broker away for a
+  moment), which is retried as below;
 * raised anything else (transient): nack with requeue after a short backoff; after N failed
   deliveries it is dead-lettered (a quorum queue's delivery limit; on a classic queue, which
   counts nothing, the consumer counts by message id and rejects it itself);
@@ -346,6 +348,10 @@ class Consumer:
             if delivery.reply_to:
                 bound.info("bus.rpc_error_reply", code=err.code, error=str(err))
                 return _Outcome(reply=error_message(err))
+            if isinstance(err, Unavailable):  # Redis, S3 or the broker away: try again later
+                bound.warning("bus.handler_failed", code=err.code, error=str(err),
+                              delivery_count=delivery.delivery_count)
+                return _Outcome(retry=True)
             bound.warning("bus.dead_letter_failed_command", code=err.code, error=str(err))
             return _Outcome(dead_letter=True)
         except Exception as err:  # transient by definition; the broker limits retries

@@ -25,7 +25,8 @@ job-runner starts it, in its own process group, with the FEDHIVE_* environment):
 job's last checkpoint.
 
 SIGTERM sets the workflows' abort event; the process reports and exits once they return (the
-runner stops the client jobs of an aborted job itself).
+runner stops the client jobs of an aborted job itself). So does a stop request a runner on
+another host leaves in Redis (`RunTable.ask_stop`), seen with the next liveness renewal.
 Exit code 0 when completed, 1 after an exception, 2 for bad arguments or settings.
 """
 
@@ -157,7 +158,11 @@ def _liveness(table: RunTable, ctx: WorkflowContext, interval: float, stop: thre
               ) -> None:
     while not stop.is_set():
         try:
-            table.beat(ctx.job_id, os.getpid(), ttl_s=interval * 4)
+            if table.beat(ctx.job_id, os.getpid(), ttl_s=interval * 4) \
+                    and not ctx.abort.is_set():
+                ctx.log.warning("server_job.stop_asked",
+                                why="a job-runner on another host ended the job")
+                ctx.abort.set()  # as SIGTERM does
         except Exception as err:  # Redis away for a moment: the next beat tries again
             ctx.log.warning("server_job.beat_failed", error=str(err))
         stop.wait(interval)

@@ -5,7 +5,8 @@ Kept in Redis, apart from the job record, so they outlive the processes that wri
 * the running-jobs table (`Names.runs_key`, a hash job_id -> JSON `RunEntry`): a job the runner
   took over and has not finished; a restarted runner reads it back to re-attach to its SJs;
 * the SJ's liveness record (`Names.server_job_alive_key`), renewed by the SJ itself while it
-  runs: a runner that is not the SJ's parent can still tell it is alive;
+  runs: a runner that is not the SJ's parent can still tell it is alive, and ask it to stop
+  (`Names.server_job_stop_key`, read with each renewal) when it cannot signal it;
 * the SJ's outcome (`Names.server_job_outcome_key`), written once by the SJ when it ends
   (first report wins), so the outcome does not depend on the runner being there to hear it.
 """
@@ -49,6 +50,7 @@ class RunEntry:
     phase: str  # deploying, starting, running
     sites: dict[str, SiteState] = field(default_factory=dict)
     workspace: str = ""  # the SJ's workspace folder on the runner host
+    host: str = ""  # the host the SJ runs on: its pid means something there only
     pid: int = 0  # the SJ process (and process group) id, 0 before launch
     pid_started: float = 0.0  # the SJ's process create time, so a reused pid is never killed
 
@@ -111,9 +113,16 @@ class RunTable:
         self._client.hdel(self._names.runs_key, job_id)
 
     # server-job liveness and outcome ------------------------------------------------------
-    def beat(self, job_id: str, pid: int, ttl_s: float) -> None:
-        self._client.set(self._names.server_job_alive_key(job_id), str(pid),
-                         px=max(1, round(ttl_s * 1000)))
+    def beat(self, job_id: str, pid: int, ttl_s: float) -> bool:
+        """Renew the SJ's liveness record; True when a runner asked it to stop."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(self._names.server_job_alive_key(job_id), str(pid),
+                 px=max(1, round(ttl_s * 1000)))
+        pipe.exists(self._names.server_job_stop_key(job_id))
+        return bool(pipe.execute()[1])
+
+    def ask_stop(self, job_id: str) -> None:
+        self._client.set(self._names.server_job_stop_key(job_id), "1", ex=OUTCOME_TTL_S)
 
     def alive(self, job_id: str) -> bool:
         return bool(self._client.exists(self._names.server_job_alive_key(job_id)))

@@ -39,8 +39,6 @@ A result whose data turns out unreadable while streaming is left out with its re
 from __future__ import annotations
 
 import abc
-import math
-import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -53,6 +51,7 @@ from fedhive.blobs.dtypes import bytes_to_torch
 from fedhive.blobs.keys import uploaded_by
 from fedhive.blobs.transfer import MiB
 from fedhive.errors import FedhiveError, InvalidArgument
+from fedhive.fl import arguments
 from fedhive.fl.accumulation import Budget, Job, Part, SiteFailed, Stopped, Sum
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey
 from fedhive.fl.model_store import (
@@ -120,29 +119,17 @@ class InTimeAccumulateWeightedAggregator(Aggregator):
                  exclude_vars: str | None = None, weigh_by_local_iter: bool = True,
                  in_time_mb: float = 16, stream_memory_mb: float = 64,
                  stream_workers: int = 4) -> None:
-        self.expected_data_kind = check_kind(
+        self.expected_data_kind = arguments.check_kind(
             expected_data_kind, "expected_data_kind",
             (DataKind.WEIGHTS, DataKind.WEIGHT_DIFF, DataKind.METRICS))
-        self.aggregation_weights = check_weights(aggregation_weights, "aggregation_weights")
-        if exclude_vars is not None and not isinstance(exclude_vars, str):
-            raise InvalidArgument(f"exclude_vars must be a regex string, not {exclude_vars!r}",
-                                  field="exclude_vars")
-        try:
-            self._exclude = re.compile(exclude_vars) if exclude_vars else None
-        except re.error as err:
-            raise InvalidArgument(f"exclude_vars is not a valid regex: {err}",
-                                  field="exclude_vars") from None
-        if not isinstance(weigh_by_local_iter, bool):
-            raise InvalidArgument("weigh_by_local_iter must be true or false",
-                                  field="weigh_by_local_iter")
-        self.weigh_by_local_iter = weigh_by_local_iter
-        self.in_time_bytes = int(_check_mb(in_time_mb, "in_time_mb") * MiB)
-        self.stream_bytes = int(_check_mb(stream_memory_mb, "stream_memory_mb") * MiB)
-        if isinstance(stream_workers, bool) or not isinstance(stream_workers, int) \
-                or stream_workers < 1:
-            raise InvalidArgument(f"stream_workers must be an integer >= 1, not "
-                                  f"{stream_workers!r}", field="stream_workers")
-        self.stream_workers = stream_workers
+        self.aggregation_weights = arguments.check_weights(aggregation_weights,
+                                                           "aggregation_weights")
+        self._exclude = arguments.check_regex(exclude_vars, "exclude_vars")
+        self.weigh_by_local_iter = arguments.check_flag(weigh_by_local_iter, "weigh_by_local_iter")
+        self.in_time_bytes = int(arguments.check_number(in_time_mb, "in_time_mb", " of MiB") * MiB)
+        self.stream_bytes = int(arguments.check_number(stream_memory_mb, "stream_memory_mb",
+                                                       " of MiB") * MiB)
+        self.stream_workers = arguments.check_int(stream_workers, "stream_workers", 1)
         self._round: int | None = None
         self._model_specs: dict[str, TensorSpec] = {}
         self._lock = threading.Lock()
@@ -172,11 +159,7 @@ class InTimeAccumulateWeightedAggregator(Aggregator):
         if not self.weigh_by_local_iter:
             return weight
         steps = dxo.meta.get(MetaKey.NUM_STEPS_CURRENT_ROUND, 1.0)
-        if isinstance(steps, bool) or not isinstance(steps, int | float) or not math.isfinite(
-                steps) or steps < 0:
-            raise InvalidArgument(f"{MetaKey.NUM_STEPS_CURRENT_ROUND} must be a number >= 0, "
-                                  f"not {steps!r}", field=MetaKey.NUM_STEPS_CURRENT_ROUND)
-        return weight * float(steps)
+        return weight * arguments.check_number(steps, MetaKey.NUM_STEPS_CURRENT_ROUND)
 
     def where(self, site: str) -> str:
         """'job J round R site S': who a reason is about."""
@@ -457,34 +440,6 @@ def _labelled_truly(ref: TensorRef) -> bool:
     return checksum.matches(ref.checksum, hasher)
 
 
-def _check_mb(value: Any, field_name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
-            value) or value < 0:
-        raise InvalidArgument(f"{field_name} must be a number of MiB >= 0, not {value!r}",
-                              field=field_name)
-    return float(value)
-
-
-def check_kind(value: Any, field_name: str, allowed: tuple[DataKind, ...]) -> DataKind:
-    if value not in {kind.value for kind in allowed}:
-        raise InvalidArgument(f"{field_name} must be one of "
-                              f"{', '.join(kind.value for kind in allowed)}, not {value!r}",
-                              field=field_name)
-    return DataKind(value)
-
-
-def check_weights(value: Any, field_name: str) -> dict[str, float]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(
-            isinstance(site, str) and isinstance(weight, int | float)
-            and not isinstance(weight, bool) and math.isfinite(weight) and weight >= 0
-            for site, weight in value.items()):
-        raise InvalidArgument(f"{field_name} must map site names to numbers >= 0, "
-                              f"not {value!r}", field=field_name)
-    return {site: float(weight) for site, weight in value.items()}
-
-
 class CollectAggregator(Aggregator):
     """Keeps each site's result as it is (refs stay refs: nothing is read). `collected()` gives
     them per site; `aggregate()` gives one COLLECTION Dxo whose arrays are named
@@ -493,7 +448,7 @@ class CollectAggregator(Aggregator):
     accepts_lazy = True
 
     def __init__(self, expected_data_kind: str | None = None) -> None:
-        self.expected_data_kind = None if expected_data_kind is None else check_kind(
+        self.expected_data_kind = None if expected_data_kind is None else arguments.check_kind(
             expected_data_kind, "expected_data_kind", tuple(DataKind))
         self._lock = threading.Lock()
         self._results: dict[str, Dxo] = {}

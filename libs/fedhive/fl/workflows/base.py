@@ -12,11 +12,10 @@ the round made or received that neither the new global model nor the job's check
 
 from __future__ import annotations
 
-import math
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar
 
-from fedhive.errors import FedhiveError, InvalidArgument, WorkflowFailed
+from fedhive.errors import FedhiveError, WorkflowFailed
 from fedhive.fl.aggregators import Aggregator
 from fedhive.fl.checkpoint import Checkpoint, checkpoint_keys, load_checkpoint, save_checkpoint
 from fedhive.fl.components import ComponentError
@@ -28,28 +27,6 @@ from fedhive.fl.shareables import ShareableGenerator
 from fedhive.fl.tasks import ClientTask
 from fedhive.fl.workflow import RoundReport, WorkflowContext, component
 from fedhive.heap import release_memory
-
-
-def check_int(value: Any, field: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgument(f"{field} must be an integer >= {minimum}, not {value!r}",
-                              field=field)
-    return value
-
-
-def check_seconds(value: Any, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
-            value) or value < 0:
-        raise InvalidArgument(f"{field} must be a number of seconds >= 0, not {value!r}",
-                              field=field)
-    return float(value)
-
-
-def check_str(value: Any, field: str, *, empty: bool = False) -> str:
-    if not isinstance(value, str) or (not value and not empty):
-        raise InvalidArgument(f"{field} must be a {'' if empty else 'non-empty '}string, "
-                              f"not {value!r}", field=field)
-    return value
 
 
 def weighted_metrics(results: dict[str, tuple[dict[str, Any], float]]) -> dict[str, float]:

@@ -26,12 +26,13 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from fedhive.errors import InvalidArgument
+from fedhive.fl.arguments import check_seconds, check_str
 from fedhive.fl.components import ComponentError
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey
 from fedhive.fl.persistors import ModelPersistor
 from fedhive.fl.tasks import ClientTask, Task
 from fedhive.fl.workflow import WorkflowContext
-from fedhive.fl.workflows.base import BaseWorkflow, check_seconds, check_str, site_metrics
+from fedhive.fl.workflows.base import BaseWorkflow, site_metrics
 
 RESULTS_FILE = "cross_val_results.json"
 _POLL_S = 0.5  # how often the control loop looks at the abort flag while it waits

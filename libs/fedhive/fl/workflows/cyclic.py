@@ -27,21 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedhive.errors import FedhiveError, InvalidArgument
+from fedhive.fl.arguments import check_int, check_seconds, check_str
 from fedhive.fl.components import ComponentError
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey
 from fedhive.fl.persistors import ModelPersistor
 from fedhive.fl.shareables import ShareableGenerator
 from fedhive.fl.tasks import ClientTask, CompletionStatus, ReturnCode, Task
 from fedhive.fl.workflow import WorkflowContext
-from fedhive.fl.workflows.base import (
-    BaseWorkflow,
-    check_int,
-    check_seconds,
-    check_str,
-    every_n,
-    site_metrics,
-    steps_of,
-)
+from fedhive.fl.workflows.base import BaseWorkflow, every_n, site_metrics, steps_of
 
 ORDERS = ("FIXED", "RANDOM", "RANDOM_WITHOUT_SAME_IN_A_ROW")
 

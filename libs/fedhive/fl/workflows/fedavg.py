@@ -29,21 +29,14 @@ from typing import Any
 
 from fedhive.errors import InvalidArgument
 from fedhive.fl.aggregators import Aggregator, InTimeAccumulateWeightedAggregator
+from fedhive.fl.arguments import check_int, check_seconds, check_str
 from fedhive.fl.dxo import DataKind, Dxo
 from fedhive.fl.model import FLModel, ParamsType
 from fedhive.fl.persistors import ModelPersistor
 from fedhive.fl.shareables import FullModelShareableGenerator
 from fedhive.fl.tasks import ClientTask, CompletionStatus, Task
 from fedhive.fl.workflow import WorkflowContext
-from fedhive.fl.workflows.base import (
-    BaseWorkflow,
-    check_int,
-    check_seconds,
-    check_str,
-    site_metrics,
-    steps_of,
-    weighted_metrics,
-)
+from fedhive.fl.workflows.base import BaseWorkflow, site_metrics, steps_of, weighted_metrics
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq}

@@ -29,20 +29,13 @@ from typing import Any
 
 from fedhive.errors import InvalidArgument
 from fedhive.fl.aggregators import Aggregator
+from fedhive.fl.arguments import check_int, check_seconds, check_str
 from fedhive.fl.dxo import Dxo, MetaKey
 from fedhive.fl.persistors import ModelPersistor
 from fedhive.fl.shareables import ShareableGenerator
 from fedhive.fl.tasks import ClientTask, CompletionStatus, Task
 from fedhive.fl.workflow import WorkflowContext
-from fedhive.fl.workflows.base import (
-    BaseWorkflow,
-    check_int,
-    check_seconds,
-    check_str,
-    every_n,
-    site_metrics,
-    steps_of,
-)
+from fedhive.fl.workflows.base import BaseWorkflow, every_n, site_metrics, steps_of
 
 
 @dataclass

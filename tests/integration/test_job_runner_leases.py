@@ -140,7 +140,9 @@ def test_a_runner_gone_for_good_has_its_jobs_taken_over_by_another(
     stack.runner.kill()  # and never started again
     wait_for(lambda: other.logged("job_runner.taking_over", job_id=job_id), timeout=30,
              what="the other runner to take the job over")
-    assert other.logged("job_runner.reattached") == 1, other.log()
+    # logged once the lease is its own and the entry rewritten, a moment after `taking_over`
+    wait_for(lambda: other.logged("job_runner.reattached") == 1, timeout=15,
+             what="the other runner to re-attach")
     (stack.runner.workspace(job_id) / "go").write_text("")
     stack.runner = other
     record = stack.wait_status(job_id, S.FINISHED_COMPLETED)

@@ -186,3 +186,14 @@ def test_a_command_of_the_infrastructure_that_hangs_is_one_line() -> None:
     with pytest.raises(PocFailed) as err:
         infra._run(argv, 1, "start it yourself")
     assert str(err.value) == f"`{' '.join(argv)}` did not finish within 1 s: start it yourself"
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
+    """Outgoing connections take their local ports from the ephemeral range: a listening port
+    picked there could be gone before its server binds it."""
+    floor = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = free_ports(5)
+    assert len(set(ports)) == 5 and all(port < floor for port in ports)
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))

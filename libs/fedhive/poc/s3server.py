@@ -40,16 +40,46 @@ def weed_binary() -> str | None:
     return str(beside_python) if beside_python.exists() else shutil.which("weed")
 
 
+_LISTEN_FLOOR = 10_000  # below: ports that well-known services tend to use
+
+
 def free_ports(count: int) -> list[int]:
-    """Ports the kernel just handed out on loopback (held open together so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
+    """Ports free on loopback now (held open together so they differ), picked at random below
+    the kernel's ephemeral range: outgoing connections draw their local ports from that range,
+    so a port picked there (as `bind(0)` does) can be taken by one before its server binds it
+    (seen: a gateway started seconds after its port was picked found it in use)."""
+    low = _ephemeral_floor()
+    room = range(_LISTEN_FLOOR, low)
+    candidates = secrets.SystemRandom().sample(room, k=min(len(room), 64 * count)) \
+        if len(room) > 4 * count else []
+    sockets: list[socket.socket] = []
     try:
-        for sock in sockets:
+        for port in candidates:
+            if len(sockets) == count:
+                break
+            sock = socket.socket()
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
+            sockets.append(sock)
+        while len(sockets) < count:  # no room below the ephemeral range: the kernel's pick
+            sock = socket.socket()
             sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
         return [sock.getsockname()[1] for sock in sockets]
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port of the kernel's ephemeral range (Linux; 32768 where unknown)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def write_identity(path: Path, identity: S3Identity) -> None:

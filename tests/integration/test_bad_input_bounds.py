@@ -31,6 +31,7 @@ from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2
 from fedhive.state import RedisStateStore
 from fedhive.state.rounds import RoundLog
 from fedhive_services.job_store.replies import MAX_LIST_BYTES, TRIMMED
+from tests.fixtures.bus import Broker
 from tests.fixtures.gateway import GatewayProcess, GatewayStack, write_admins
 from tests.fixtures.job_store import JobStoreProcess, stage
 from tests.fixtures.job_store_handlers import ALICE, NoRunner, Store, handler_store
@@ -215,10 +216,11 @@ def test_the_gateway_refuses_a_bad_submission_id_before_staging(
 
 
 def test_the_gateway_deletes_the_upload_when_the_job_store_does_not_answer(
-    settings: Settings, tmp_path: Path,
+    settings: Settings, tmp_path: Path, broker: Broker,
 ) -> None:
     """No job-store ever ran in this namespace: the submit fails at once (no queue), and the
-    gateway, not the job-store, must delete what it staged."""
+    gateway, not the job-store, must delete what it staged (`broker` deletes the exchanges the
+    gateway declared)."""
     service = GatewayProcess(settings, write_admins(tmp_path / "admins.json"),
                              tmp_path / "gateway.log")
     service.start()

@@ -28,19 +28,21 @@ from google.protobuf.message import Message
 from fedhive.auth import Action, Admin, decide, denial
 from fedhive.blobs import BlobStore
 from fedhive.bus import Bus
-from fedhive.errors import InvalidArgument, NotFound, Unavailable
+from fedhive.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, Unroutable
 from fedhive.jobs.archive import MiB
 from fedhive.jobs.limits import (
     MAX_FILTER,
     MAX_JOB_ID,
     MAX_REASON,
+    check_chosen_job_id,
     check_list_limit,
     check_submission_id,
     check_text,
 )
 from fedhive.jobs.serde import status_from_proto, submitter_from_proto, submitter_to_proto
+from fedhive.jobs.status import JobStatus
 from fedhive.names import Names
-from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2
+from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2, operation_pb2
 
 from .download import stream_url
 
@@ -56,6 +58,8 @@ class GatewayConfig:
     watch_interval: float = 0.5  # how often WatchJob re-reads the job
     chunk_size: int = 1 * MiB  # DownloadJob chunk size
     url_expiry_s: int = 600  # lifetime of the presigned URLs the gateway asks for
+    max_operation_wait_s: float = 20.0  # longest a RunOperation reply waits for its result
+    export_timeout: float = 600.0  # a server job copies an operation's result upwards
 
 
 class Gateway:
@@ -112,6 +116,7 @@ class Gateway:
         request = jobstore_pb2.StoreSubmitJob(
             staging_key=key, submitter=submitter_to_proto(admin.as_submitter()),
             submission_id=options.submission_id, queue_anyway=options.queue_anyway,
+            job_id=options.job_id,
         )
         # The job-store deletes the staged archive once it has stored or refused it.
         try:
@@ -245,6 +250,52 @@ class Gateway:
             if self._closing.wait(self._config.watch_interval):
                 raise Unavailable("the gateway is shutting down; watch again", field="gateway")
 
+    # -- operations (an operation-driven job's server job answers them) ---------------------
+    def run_operation(self, admin: Admin, request: operation_pb2.OperationRequest
+                      ) -> operation_pb2.OperationReply:
+        """Forward the operation to the job's server job; Unavailable (try again) while the job
+        is not running yet, FailedPrecondition once it has ended."""
+        job = self._running_job(admin, request.job_id)
+        wait_s = max(0.0, min(request.wait_ms / 1000, self._config.max_operation_wait_s))
+        forwarded = operation_pb2.OperationRequest()
+        forwarded.CopyFrom(request)
+        forwarded.job_id, forwarded.wait_ms = job.job_id, int(wait_s * 1000)
+        reply = self._server_job(job, forwarded, operation_pb2.OperationReply,
+                                 wait_s + self._config.rpc_timeout)
+        self._log.info("job.operation", user=admin.name, job_id=job.job_id,
+                       op_id=request.op_id[:128], task=request.task_name[:128],
+                       state=operation_pb2.OperationReply.State.Name(reply.state))
+        return reply
+
+    def export_operation(self, admin: Admin, request: operation_pb2.ExportRequest
+                         ) -> operation_pb2.ExportReply:
+        job = self._running_job(admin, request.job_id)
+        forwarded = operation_pb2.ExportRequest()
+        forwarded.CopyFrom(request)
+        forwarded.job_id = job.job_id
+        return self._server_job(job, forwarded, operation_pb2.ExportReply,
+                                self._config.export_timeout)
+
+    def _running_job(self, admin: Admin, job_id: str) -> job_pb2.JobRecord:
+        job = self._job_for(admin, Action.OPERATE, job_id)
+        status = status_from_proto(job.status)
+        if status is not None and status.is_final:
+            raise FailedPrecondition(f"job {job.job_id} is {status.value}: it takes no more "
+                                     "operations", field="job_id")
+        if status is not JobStatus.RUNNING:
+            raise Unavailable(f"job {job.job_id} is {status.value if status else 'unknown'}: "
+                              "its operations start once it runs", field="job_id")
+        return job
+
+    def _server_job(self, job: job_pb2.JobRecord, request: Message, reply_type: type[M],
+                    timeout: float) -> M:
+        try:
+            return self._bus.call(self._names.job_server_queue(job.job_id), request,
+                                  reply_type, timeout=timeout)
+        except Unroutable:  # running, but its server job is not serving yet (or just ended)
+            raise Unavailable(f"job {job.job_id}: its server job is not serving (starting or "
+                              "ending); try again", field="job_id") from None
+
     def list_sites(self, admin: Admin) -> admin_pb2.ListSitesReply:
         self._authorize(admin, Action.SITES)
         return self._call(admin_pb2.ListSitesRequest(), admin_pb2.ListSitesReply)
@@ -253,6 +304,7 @@ class Gateway:
 def _check_options(first: admin_pb2.SubmitJobChunk) -> admin_pb2.SubmitJobChunk:
     """The submit options (on the first chunk), checked before the rest is read."""
     check_submission_id(first.submission_id)
+    check_chosen_job_id(first.job_id)
     return first
 
 

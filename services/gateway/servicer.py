@@ -15,7 +15,7 @@ import grpc
 
 from fedhive.auth import Admin, AdminDirectory
 from fedhive.errors import FedhiveError
-from fedhive.proto.v1 import admin_pb2, admin_pb2_grpc, job_pb2
+from fedhive.proto.v1 import admin_pb2, admin_pb2_grpc, job_pb2, operation_pb2
 from fedhive.sdk.status import to_grpc
 
 from .handlers import Gateway
@@ -120,6 +120,16 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             context, "WatchJob",
             lambda admin: self._gateway.watch_job(admin, request.job_id, context.is_active),
         )
+
+    def RunOperation(self, request: operation_pb2.OperationRequest,
+                     context: grpc.ServicerContext) -> operation_pb2.OperationReply:
+        return self._unary(context, "RunOperation",
+                           lambda admin: self._gateway.run_operation(admin, request))
+
+    def ExportOperationResult(self, request: operation_pb2.ExportRequest,
+                              context: grpc.ServicerContext) -> operation_pb2.ExportReply:
+        return self._unary(context, "ExportOperationResult",
+                           lambda admin: self._gateway.export_operation(admin, request))
 
     def ListSites(self, request: admin_pb2.ListSitesRequest,
                   context: grpc.ServicerContext) -> admin_pb2.ListSitesReply:

@@ -25,7 +25,7 @@ from fedhive.errors import (
 )
 from fedhive.jobs.archive import UnsafeArchive
 from fedhive.jobs.definition import load_job
-from fedhive.jobs.limits import check_submission_id
+from fedhive.jobs.limits import check_chosen_job_id, check_submission_id
 from fedhive.jobs.record import JobMeta, JobRecord, Submitter
 from fedhive.jobs.serde import submitter_from_proto
 from fedhive.jobs.status import JobStatus
@@ -47,15 +47,20 @@ def submit_job(
     cmd: jobstore_pb2.StoreSubmitJob, delivery: Delivery, ctx: JobStoreContext
 ) -> admin_pb2.SubmitJobReply:
     staging = _staging_key(cmd.staging_key, ctx)  # a key outside staging is never deleted
-    job_id = job_id_for(ctx.names.ns, delivery.message_id)
+    chosen = check_chosen_job_id(cmd.job_id)
+    job_id = chosen or job_id_for(ctx.names.ns, delivery.message_id)
     bound = log.bind(service="job-store", job_id=job_id, submitter=cmd.submitter.name)
     try:
         submitter = _submitter(cmd.submitter)
         done = find_job(ctx, job_id)
-        if done is not None:  # a redelivery after the record was stored: finish the rest
+        if done is not None and chosen and done.submitter.name != submitter.name:
+            raise AlreadyExists(f"job id {job_id} is taken by a job of another submitter",
+                                field="job_id")
+        if done is not None:  # a redelivery after the record was stored, or a chosen id again
             _finish(ctx, done, staging)
-            bound.info("job.submit_finished_on_redelivery")
-            return admin_pb2.SubmitJobReply(job_id=job_id)
+            bound.info("job.submit_finished_on_redelivery" if not chosen else
+                       "job.submit_repeated", existing=job_id)
+            return admin_pb2.SubmitJobReply(job_id=job_id, existed=bool(chosen))
         submission_id = check_submission_id(cmd.submission_id)
         definition = load_job(_read_staged(ctx, staging), ctx.limits)
         if not cmd.queue_anyway:

@@ -11,7 +11,8 @@ Each gateway action needs one right; each role grants each right under one condi
 
 `o:submitter`: the caller's org is the job submitter's org; `n:submitter`: the caller is the
 job's submitter. A right a role does not list is denied. Resuming a job makes a new one from
-it, as cloning does: it needs clone_job. `decide` is the only place that reads the table; the
+it, as cloning does: it needs clone_job. Running operations on an operation-driven job manages
+it: manage_job. `decide` is the only place that reads the table; the
 gateway logs every decision it makes.
 """
 
@@ -57,6 +58,7 @@ class Action(StrEnum):
     WATCH = "watch"
     METRICS = "metrics"  # a job's per-round metrics: viewed like the job itself
     SITES = "sites"
+    OPERATE = "operate"  # run an operation on an operation-driven job (and export its result)
 
 
 class Condition(StrEnum):
@@ -72,6 +74,7 @@ RIGHT_OF: dict[Action, Right] = {
     Action.RESUME: Right.CLONE_JOB,
     Action.ABORT: Right.MANAGE_JOB,
     Action.DELETE: Right.MANAGE_JOB,
+    Action.OPERATE: Right.MANAGE_JOB,
     Action.DOWNLOAD: Right.DOWNLOAD_JOB,
     Action.LIST: Right.VIEW,
     Action.GET: Right.VIEW,

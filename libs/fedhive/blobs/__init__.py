@@ -1,7 +1,7 @@
 """S3 blobs: the store port and adapter, presigned-URL access and the tensor codec (DESIGN §5)."""
 
 from fedhive.blobs.cache import TensorCache
-from fedhive.blobs.codec import PackStats, TensorCodec, inline_budget_for
+from fedhive.blobs.codec import PackStats, TensorCodec, inline_budget_for, inline_refs
 from fedhive.blobs.dtypes import DTYPES, bfloat16_bits_to_float32
 from fedhive.blobs.http import HttpPool, PresignedFetcher, Resign
 from fedhive.blobs.keys import content_key
@@ -51,6 +51,7 @@ __all__ = [
     "bundle_to_proto",
     "content_key",
     "inline_budget_for",
+    "inline_refs",
     "ref_from_proto",
     "ref_to_proto",
     "unpack",

@@ -220,6 +220,22 @@ class TensorCodec:
             )
 
 
+def inline_refs(tensors: Mapping[str, Any], *, limit: int) -> list[TensorRef]:
+    """Every tensor as an inline ref, for a sender with no storage of its own (an admin's
+    operation data); InvalidArgument past `limit` bytes in all."""
+    refs, total = [], 0
+    for name, value in tensors.items():
+        item = _flatten(name, value)
+        total += item.flat.nbytes
+        if total > limit:
+            raise InvalidArgument(f"the tensors are more than {limit} bytes: too large to send "
+                                  "inline", field=name)
+        refs.append(TensorRef(name=name, dtype=item.dtype, shape=item.shape, kind=item.kind,
+                              length=item.flat.nbytes, checksum=checksum.digest(item.flat),
+                              inline_data=item.flat.tobytes()))
+    return refs
+
+
 def _flatten(name: str, value: Any) -> _Planned:
     if is_torch_tensor(value):
         flat, dtype = torch_to_bytes(name, value)

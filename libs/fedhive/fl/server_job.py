@@ -72,6 +72,7 @@ def run_app(app_dir: Path, ctx: WorkflowContext) -> None:
     if custom.is_dir():
         sys.path.insert(0, str(custom))
     config = json.loads((app_dir / SERVER_CONFIG).read_text())
+    ctx.operators = config.get("operators")
     for index, spec in enumerate(config.get("components", [])):
         build_component(spec, f"components[{index}]", ctx.components)
     workflows = [
@@ -82,6 +83,7 @@ def run_app(app_dir: Path, ctx: WorkflowContext) -> None:
         prepare = getattr(workflow, "prepare", None)
         if callable(prepare):
             prepare(ctx)
+    ctx.prepared.set()
     for workflow in workflows:
         if ctx.abort.is_set():
             return

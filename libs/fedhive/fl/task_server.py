@@ -46,12 +46,13 @@ from fedhive.blobs import TensorRef
 from fedhive.bus import Bus, Delivery, Encoded, Senders, Subscription
 from fedhive.errors import FedhiveError, InvalidArgument, PermissionDenied
 from fedhive.fl.dxo import Dxo, MetaKey, dxo_from_proto, dxo_to_proto
+from fedhive.fl.operation_desk import OperationDesk
 from fedhive.fl.task_manager import TaskManager
 from fedhive.fl.tasks import ClientTask, Result, ReturnCode, Task
 from fedhive.fl.uploads import UPLOAD_PART_SIZE, URL_TTL_S, Uploads
 from fedhive.fl.workflow import WorkflowContext
 from fedhive.names import Names
-from fedhive.proto.v1 import common_pb2, runner_pb2, task_pb2
+from fedhive.proto.v1 import common_pb2, operation_pb2, runner_pb2, task_pb2
 from fedhive.structs import dict_to_struct
 
 WAIT_SLICE_S = 0.2  # re-ask the manager this often: time alone can make a site eligible
@@ -63,7 +64,7 @@ class TaskServer:
     ACCEPTS: tuple[type[Message], ...] = (
         task_pb2.GetTaskRequest, task_pb2.TaskResult, task_pb2.GrantUploadRequest,
         task_pb2.CompleteUploadRequest, task_pb2.ResignRequest, task_pb2.WorkerExit,
-        runner_pb2.SiteGone,
+        runner_pb2.SiteGone, operation_pb2.OperationRequest, operation_pb2.ExportRequest,
     )
 
     def __init__(self, ctx: WorkflowContext, *, service_user: str, max_wait_s: float = 30.0,
@@ -80,6 +81,8 @@ class TaskServer:
         self._url_ttl_s = url_ttl_s
         self.uploads = Uploads(ctx, url_ttl_s=url_ttl_s, upload_part_size=upload_part_size,
                                check_workers=check_workers)
+        self.desk = OperationDesk(ctx, ctx.store, ctx.codec, url_ttl_s=url_ttl_s,
+                                  max_wait_s=max_wait_s)
         self._lock = threading.Lock()  # guards the three below: handler threads share them
         self._packed: dict[str, _Packed] = {}  # task id -> its data, encoded
         self._packing: dict[str, threading.Lock] = {}
@@ -106,6 +109,11 @@ class TaskServer:
         if isinstance(message, runner_pb2.SiteGone):
             self.site_gone(message, delivery.user_id)
             return None
+        if isinstance(message, operation_pb2.OperationRequest | operation_pb2.ExportRequest):
+            self._from_services(message, delivery.user_id)
+            if isinstance(message, operation_pb2.OperationRequest):
+                return self.desk.operate(message)
+            return self.desk.export(message)
         site = self._sender(message, delivery.user_id)
         if isinstance(message, task_pb2.GetTaskRequest):
             return self.get_task(site, message.wait_ms)
@@ -124,6 +132,15 @@ class TaskServer:
         assert isinstance(message, task_pb2.WorkerExit)
         self.worker_exit(site, message.error)
         return None
+
+    def _from_services(self, message: Any, user_id: str | None) -> None:
+        """Operations come from the gateway, as the services' broker user, for this job."""
+        if user_id != self._service_user:
+            raise PermissionDenied(f"{type(message).__name__} refused: sent by broker user "
+                                   f"{user_id or '(none)'!r}", field="user_id")
+        if message.job_id != self.ctx.job_id:
+            raise InvalidArgument(f"message for job {message.job_id!r} reached job "
+                                  f"{self.ctx.job_id}", field="job_id")
 
     def _sender(self, message: Any, user_id: str | None) -> str:
         site: str = message.site
@@ -275,7 +292,7 @@ class TaskServer:
         margin = min(URL_MARGIN_MS, self._url_ttl_s * 500)
         renew_at = now_ms + self._url_ttl_s * 1000
         for ref in holder.data.tensors:
-            if not ref.key:
+            if not ref.key or self.ctx.is_foreign(ref.key):  # an upper tier's keeps its URL
                 continue
             if ref.url_expires_at_ms - now_ms < margin:
                 url = self._store.presign_get(ref.key, self._url_ttl_s)

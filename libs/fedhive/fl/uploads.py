@@ -48,6 +48,7 @@ from fedhive.blobs.transfer import MiB
 from fedhive.errors import (
     AlreadyExists,
     BlobNotFound,
+    FailedPrecondition,
     FedhiveError,
     InvalidArgument,
     PermissionDenied,
@@ -189,6 +190,10 @@ class Uploads:
                       if assigned.site == site]
         reply = task_pb2.ResignReply()
         for key in keys:
+            if self.ctx.is_foreign(key):
+                raise FailedPrecondition(
+                    f"job {self.ctx.job_id}: key {key[:200]!r} is an upper tier's object; its "
+                    "URL came with the task and cannot be renewed here", field="keys")
             upload = parse_upload_key(prefix, key)
             if not ((upload is not None and upload.site == site)
                     or any(key in given for given in handed)):

@@ -26,6 +26,7 @@ URLs), and report each finished round through `ctx.report_round` (what `fedhive 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -36,6 +37,7 @@ from fedhive.names import Names
 
 if TYPE_CHECKING:
     from fedhive.blobs import BlobStore, TensorCodec
+    from fedhive.fl.operations import Operations
     from fedhive.fl.task_manager import TaskManager
 
 
@@ -60,8 +62,12 @@ class WorkflowContext:
     resume_from: str = ""  # a job id: continue from that job's last checkpoint
     report_round: Any = None  # Callable[[RoundReport], None], set by the server job
     checkpointed: set[str] | None = None  # the keys this job's checkpoint names, once written
+    operators: Any = None  # the server config's `operators` section, as written
+    operations: Operations | None = None  # an operation-driven job's inbox (its controller's)
     abort: threading.Event = field(default_factory=threading.Event)
+    prepared: threading.Event = field(default_factory=threading.Event)  # every prepare() ran
     _gone: dict[str, str] = field(default_factory=dict)
+    _foreign: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -75,6 +81,16 @@ class WorkflowContext:
         """Sites that left the job while it ran -> why."""
         with self._lock:
             return dict(self._gone)
+
+    def add_foreign(self, keys: Iterable[str]) -> None:
+        """Keys of another system's objects (an upper tier's, in an operation's task data):
+        they go to the sites with the URLs they came with and are never re-signed here."""
+        with self._lock:
+            self._foreign.update(keys)
+
+    def is_foreign(self, key: str) -> bool:
+        with self._lock:
+            return key in self._foreign
 
     def site_gone(self, site: str, reason: str) -> None:
         """Called by the server job when the job-runner says `site` is gone."""

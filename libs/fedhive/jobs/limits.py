@@ -9,6 +9,7 @@ with one line naming the field (`fedhive.text.clip` shows the value).
 from __future__ import annotations
 
 import re
+import uuid
 
 from fedhive.errors import InvalidArgument
 from fedhive.jobs.archive import MiB
@@ -56,6 +57,21 @@ def check_submission_id(value: str) -> str:
     problem = submission_id_problem(value)
     if problem is not None:
         raise InvalidArgument(problem, field="submission_id")
+    return value
+
+
+def check_chosen_job_id(value: str) -> str:
+    """A job id a submitter chose ("" for none): a uuid in its canonical form, as fedhive's own
+    ids are (it names queues and object keys)."""
+    if not value:
+        return value
+    try:
+        canonical = str(uuid.UUID(value))
+    except ValueError:
+        canonical = ""
+    if canonical != value:
+        raise InvalidArgument(f"job_id {clip(value)} is not a uuid in canonical form "
+                              "(8-4-4-4-12 lowercase hex digits)", field="job_id")
     return value
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fedhive.fl.operators import operator_problems
 from fedhive.jobs import limits
 from fedhive.jobs.components import check_components
 from fedhive.jobs.files import JobFiles
@@ -244,7 +245,10 @@ class Checker:
             return None
         parsed = self.json_object(name, files.read(name), limits.MAX_CONFIG_DEPTH)
         if parsed is not None:
-            for field, problem in check_components(parsed, name):
+            problems = check_components(parsed, name)
+            if role == "server":
+                problems += operator_problems(parsed, name)
+            for field, problem in problems:
                 self.add(field, problem)
         return parsed
 

@@ -23,23 +23,33 @@ from __future__ import annotations
 
 import builtins
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import grpc
 
 from fedhive.errors import RpcTimeout, Unavailable, Unroutable
+from fedhive.fl.dxo import DataKind, Dxo
+from fedhive.fl.operations import END
 from fedhive.jobs.definition import load_job
-from fedhive.jobs.limits import check_list_limit, check_submission_id
+from fedhive.jobs.limits import check_chosen_job_id, check_list_limit, check_submission_id
 from fedhive.jobs.metrics import RoundMetrics, round_from_proto
 from fedhive.jobs.record import JobRecord
 from fedhive.jobs.serde import record_from_proto, status_to_proto
 from fedhive.jobs.status import JobStatus
-from fedhive.proto.v1 import admin_pb2, admin_pb2_grpc
+from fedhive.proto.v1 import admin_pb2, admin_pb2_grpc, operation_pb2
 from fedhive.retry import Backoff
+from fedhive.sdk.operations import (
+    OperationResult,
+    job_gone,
+    operation_job,
+    request_for,
+    run_until_done,
+    to_dxo,
+)
 from fedhive.sdk.status import from_grpc
 from fedhive.sites.heartbeat import SiteHeartbeat
 from fedhive.sites.serde import site_heartbeat_from_proto
@@ -132,7 +142,7 @@ class Session:
 
     # -- jobs ------------------------------------------------------------------------------
     def submit(self, job: Path | bytes, *, submission_id: str = "",
-               queue_anyway: bool = False) -> SubmitResult:
+               queue_anyway: bool = False, job_id: str = "") -> SubmitResult:
         """Validate a job folder, zip file or zip bytes locally, then upload it.
 
         A folder is zipped (normalised); a zip goes up as it is, once it passed validation
@@ -140,8 +150,11 @@ class Session:
         `submission_id`: a client-chosen id; submitting the same content again with it returns
         the same job (`existed=True`) instead of a second one. Without one, a uuid4 is used;
         either way the result names it, and the retries (see the module doc) carry it.
+        `job_id`: the new job's id, chosen by the caller (a uuid; a hub site gives its upper
+        tier's): submitting again with it answers that job (`existed=True`).
         """
         submission_id = check_submission_id(submission_id) or str(uuid.uuid4())
+        check_chosen_job_id(job_id)
         if isinstance(job, Path) and not job.is_file():  # a folder; or load_job says what is
             archive = load_job(job).to_zip()
             assert archive is not None
@@ -151,7 +164,7 @@ class Session:
 
         def chunks() -> Iterator[admin_pb2.SubmitJobChunk]:
             yield admin_pb2.SubmitJobChunk(data=archive[:CHUNK], submission_id=submission_id,
-                                           queue_anyway=queue_anyway)
+                                           queue_anyway=queue_anyway, job_id=job_id)
             for start in range(CHUNK, len(archive), CHUNK):
                 yield admin_pb2.SubmitJobChunk(data=archive[start:start + CHUNK])
 
@@ -242,6 +255,64 @@ class Session:
         request = admin_pb2.GetJobRequest(job_id=job_id)
         for record in self._stream(self._stub.WatchJob(request, metadata=self._metadata)):
             yield record_from_proto(record)
+
+    # -- operation-driven jobs (fedhive.sdk.operations) ---------------------------------------
+    def start_operation_job(self, site_app: Path, *, sites: builtins.list[str] | None = None,
+                            operators: Mapping[str, Any] | None = None,
+                            components: builtins.list[dict[str, Any]] | None = None,
+                            min_clients: int | None = None, name: str = "operations",
+                            project: str = "", task_wait_time: float | None = None,
+                            resource_spec: Mapping[str, Any] | None = None, job_id: str = "",
+                            extra_meta: Mapping[str, Any] | None = None) -> SubmitResult:
+        """Submit a job that runs the operations its callers ask for (`call_operation`) on
+        `sites` (default every site) with `site_app`; see `operations.operation_job`."""
+        archive = operation_job(site_app, name=name, sites=sites, operators=operators,
+                                components=components, min_clients=min_clients,
+                                resource_spec=resource_spec, project=project,
+                                task_wait_time=task_wait_time, extra_meta=extra_meta)
+        return self.submit(archive, job_id=job_id, submission_id=job_id)
+
+    def call_operation(self, job_id: str, task_name: str, data: Dxo | Mapping[str, Any], *,
+                       method: str = "", aggregator: str | None = None,
+                       min_targets: int | None = None, timeout: float | None = None,
+                       args: Mapping[str, Any] | None = None,
+                       meta: Mapping[str, Any] | None = None, op_id: str = "",
+                       read_wait: float = 10.0, wait: float | None = None) -> OperationResult:
+        """Run one operation (`method` "bcast" or "relay"; "": the job's `operators` decide) of
+        `task_name` with `data` (arrays: sent inline; a Dxo's refs pass to the sites
+        untouched) on the job's sites; returns the aggregate (`OperationResult`). Raises
+        FailedPrecondition when it failed, was not picked up within `read_wait` seconds, took
+        longer than `wait`, or the job ended."""
+        request = request_for(job_id, task_name, to_dxo(data, meta), method=method, op_id=op_id,
+                              args={"aggregator": aggregator, "min_targets": min_targets,
+                                    "timeout": timeout, **(args or {})})
+        return run_until_done(self._run_operation, request, read_wait=read_wait, wait=wait,
+                              alive=lambda: self._why_ended(job_id))
+
+    def end_operation_job(self, job_id: str, *, read_wait: float = 10.0) -> None:
+        """The job's caller is done: it ends FINISHED:COMPLETED."""
+        request = request_for(job_id, END, Dxo(DataKind.WEIGHTS), method=END)
+        run_until_done(self._run_operation, request, read_wait=read_wait,
+                       alive=lambda: self._why_ended(job_id))
+
+    def export_operation(self, request: operation_pb2.ExportRequest
+                         ) -> operation_pb2.ExportReply:
+        """Copy a finished operation's stored tensors to presigned targets (a hub site)."""
+        reply: operation_pb2.ExportReply = self._call(
+            lambda: self._stub.ExportOperationResult(request, metadata=self._metadata,
+                                                     timeout=self.submit_timeout))
+        return reply
+
+    def _run_operation(self, request: operation_pb2.OperationRequest
+                       ) -> operation_pb2.OperationReply:
+        reply: operation_pb2.OperationReply = self._call(
+            lambda: self._stub.RunOperation(request, metadata=self._metadata,
+                                            timeout=request.wait_ms / 1000 + self.timeout))
+        return reply
+
+    def _why_ended(self, job_id: str) -> str:
+        record = self.get(job_id)
+        return job_gone(record.status.value, record.status_reason)
 
     # -- sites -----------------------------------------------------------------------------
     def sites(self) -> builtins.list[SiteInfo]:

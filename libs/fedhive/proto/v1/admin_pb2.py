@@ -25,52 +25,53 @@ _sym_db = _symbol_database.Default()
 
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from fedhive.proto.v1 import job_pb2 as fedhive_dot_v1_dot_job__pb2
+from fedhive.proto.v1 import operation_pb2 as fedhive_dot_v1_dot_operation__pb2
 from fedhive.proto.v1 import site_pb2 as fedhive_dot_v1_dot_site__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65\x64hive/v1/admin.proto\x12\nfedhive.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x14\x66\x65\x64hive/v1/job.proto\x1a\x15\x66\x65\x64hive/v1/site.proto\"K\n\x0eSubmitJobChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x14\n\x0cqueue_anyway\x18\x02 \x01(\x08\x12\x15\n\rsubmission_id\x18\x03 \x01(\t\"1\n\x0eSubmitJobReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x65xisted\x18\x02 \x01(\x08\"}\n\x0fListJobsRequest\x12\'\n\x08statuses\x18\x01 \x03(\x0e\x32\x15.fedhive.v1.JobStatus\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x11\n\tsubmitter\x18\x04 \x01(\t\x12\x11\n\tid_prefix\x18\x05 \x01(\t\"4\n\rListJobsReply\x12#\n\x04jobs\x18\x01 \x03(\x0b\x32\x15.fedhive.v1.JobRecord\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"1\n\x0f\x41\x62ortJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"!\n\x0f\x43loneJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\"\n\x10ResumeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\"\n\x10\x44\x65leteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x10\n\x0e\x44\x65leteJobReply\"4\n\x12\x44ownloadJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06result\x18\x02 \x01(\x08\"\x19\n\tDataChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x12\n\x10ListSitesRequest\"M\n\x08SiteInfo\x12\x31\n\x0elast_heartbeat\x18\x01 \x01(\x0b\x32\x19.fedhive.v1.SiteHeartbeat\x12\x0e\n\x06online\x18\x02 \x01(\x08\"5\n\x0eListSitesReply\x12#\n\x05sites\x18\x01 \x03(\x0b\x32\x14.fedhive.v1.SiteInfo\"&\n\x14GetJobMetricsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"|\n\x0cRoundMetrics\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x05\x12\x12\n\nnum_rounds\x18\x03 \x01(\x05\x12(\n\x07metrics\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\r\n\x05\x61t_ms\x18\x05 \x01(\x03\"F\n\nJobMetrics\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12(\n\x06rounds\x18\x02 \x03(\x0b\x32\x18.fedhive.v1.RoundMetrics2\x82\x06\n\x0c\x41\x64minService\x12\x45\n\tSubmitJob\x12\x1a.fedhive.v1.SubmitJobChunk\x1a\x1a.fedhive.v1.SubmitJobReply(\x01\x12\x42\n\x08ListJobs\x12\x1b.fedhive.v1.ListJobsRequest\x1a\x19.fedhive.v1.ListJobsReply\x12:\n\x06GetJob\x12\x19.fedhive.v1.GetJobRequest\x1a\x15.fedhive.v1.JobRecord\x12>\n\x08\x41\x62ortJob\x12\x1b.fedhive.v1.AbortJobRequest\x1a\x15.fedhive.v1.JobRecord\x12\x43\n\x08\x43loneJob\x12\x1b.fedhive.v1.CloneJobRequest\x1a\x1a.fedhive.v1.SubmitJobReply\x12\x45\n\tResumeJob\x12\x1c.fedhive.v1.ResumeJobRequest\x1a\x1a.fedhive.v1.SubmitJobReply\x12\x45\n\tDeleteJob\x12\x1c.fedhive.v1.DeleteJobRequest\x1a\x1a.fedhive.v1.DeleteJobReply\x12\x46\n\x0b\x44ownloadJob\x12\x1e.fedhive.v1.DownloadJobRequest\x1a\x15.fedhive.v1.DataChunk0\x01\x12>\n\x08WatchJob\x12\x19.fedhive.v1.GetJobRequest\x1a\x15.fedhive.v1.JobRecord0\x01\x12\x45\n\tListSites\x12\x1c.fedhive.v1.ListSitesRequest\x1a\x1a.fedhive.v1.ListSitesReply\x12I\n\rGetJobMetrics\x12 .fedhive.v1.GetJobMetricsRequest\x1a\x16.fedhive.v1.JobMetricsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65\x64hive/v1/admin.proto\x12\nfedhive.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x14\x66\x65\x64hive/v1/job.proto\x1a\x1a\x66\x65\x64hive/v1/operation.proto\x1a\x15\x66\x65\x64hive/v1/site.proto\"[\n\x0eSubmitJobChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x14\n\x0cqueue_anyway\x18\x02 \x01(\x08\x12\x15\n\rsubmission_id\x18\x03 \x01(\t\x12\x0e\n\x06job_id\x18\x04 \x01(\t\"1\n\x0eSubmitJobReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x65xisted\x18\x02 \x01(\x08\"}\n\x0fListJobsRequest\x12\'\n\x08statuses\x18\x01 \x03(\x0e\x32\x15.fedhive.v1.JobStatus\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\x12\x11\n\tsubmitter\x18\x04 \x01(\t\x12\x11\n\tid_prefix\x18\x05 \x01(\t\"4\n\rListJobsReply\x12#\n\x04jobs\x18\x01 \x03(\x0b\x32\x15.fedhive.v1.JobRecord\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"1\n\x0f\x41\x62ortJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"!\n\x0f\x43loneJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\"\n\x10ResumeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\"\n\x10\x44\x65leteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x10\n\x0e\x44\x65leteJobReply\"4\n\x12\x44ownloadJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06result\x18\x02 \x01(\x08\"\x19\n\tDataChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x12\n\x10ListSitesRequest\"M\n\x08SiteInfo\x12\x31\n\x0elast_heartbeat\x18\x01 \x01(\x0b\x32\x19.fedhive.v1.SiteHeartbeat\x12\x0e\n\x06online\x18\x02 \x01(\x08\"5\n\x0eListSitesReply\x12#\n\x05sites\x18\x01 \x03(\x0b\x32\x14.fedhive.v1.SiteInfo\"&\n\x14GetJobMetricsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"|\n\x0cRoundMetrics\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x05\x12\x12\n\nnum_rounds\x18\x03 \x01(\x05\x12(\n\x07metrics\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\r\n\x05\x61t_ms\x18\x05 \x01(\x03\"F\n\nJobMetrics\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12(\n\x06rounds\x18\x02 \x03(\x0b\x32\x18.fedhive.v1.RoundMetrics2\x99\x07\n\x0c\x41\x64minService\x12\x45\n\tSubmitJob\x12\x1a.fedhive.v1.SubmitJobChunk\x1a\x1a.fedhive.v1.SubmitJobReply(\x01\x12\x42\n\x08ListJobs\x12\x1b.fedhive.v1.ListJobsRequest\x1a\x19.fedhive.v1.ListJobsReply\x12:\n\x06GetJob\x12\x19.fedhive.v1.GetJobRequest\x1a\x15.fedhive.v1.JobRecord\x12>\n\x08\x41\x62ortJob\x12\x1b.fedhive.v1.AbortJobRequest\x1a\x15.fedhive.v1.JobRecord\x12\x43\n\x08\x43loneJob\x12\x1b.fedhive.v1.CloneJobRequest\x1a\x1a.fedhive.v1.SubmitJobReply\x12\x45\n\tResumeJob\x12\x1c.fedhive.v1.ResumeJobRequest\x1a\x1a.fedhive.v1.SubmitJobReply\x12\x45\n\tDeleteJob\x12\x1c.fedhive.v1.DeleteJobRequest\x1a\x1a.fedhive.v1.DeleteJobReply\x12\x46\n\x0b\x44ownloadJob\x12\x1e.fedhive.v1.DownloadJobRequest\x1a\x15.fedhive.v1.DataChunk0\x01\x12>\n\x08WatchJob\x12\x19.fedhive.v1.GetJobRequest\x1a\x15.fedhive.v1.JobRecord0\x01\x12\x45\n\tListSites\x12\x1c.fedhive.v1.ListSitesRequest\x1a\x1a.fedhive.v1.ListSitesReply\x12I\n\rGetJobMetrics\x12 .fedhive.v1.GetJobMetricsRequest\x1a\x16.fedhive.v1.JobMetrics\x12H\n\x0cRunOperation\x12\x1c.fedhive.v1.OperationRequest\x1a\x1a.fedhive.v1.OperationReply\x12K\n\x15\x45xportOperationResult\x12\x19.fedhive.v1.ExportRequest\x1a\x17.fedhive.v1.ExportReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedhive.proto.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SUBMITJOBCHUNK']._serialized_start=113
-  _globals['_SUBMITJOBCHUNK']._serialized_end=188
-  _globals['_SUBMITJOBREPLY']._serialized_start=190
-  _globals['_SUBMITJOBREPLY']._serialized_end=239
-  _globals['_LISTJOBSREQUEST']._serialized_start=241
-  _globals['_LISTJOBSREQUEST']._serialized_end=366
-  _globals['_LISTJOBSREPLY']._serialized_start=368
-  _globals['_LISTJOBSREPLY']._serialized_end=420
-  _globals['_GETJOBREQUEST']._serialized_start=422
-  _globals['_GETJOBREQUEST']._serialized_end=453
-  _globals['_ABORTJOBREQUEST']._serialized_start=455
-  _globals['_ABORTJOBREQUEST']._serialized_end=504
-  _globals['_CLONEJOBREQUEST']._serialized_start=506
-  _globals['_CLONEJOBREQUEST']._serialized_end=539
-  _globals['_RESUMEJOBREQUEST']._serialized_start=541
-  _globals['_RESUMEJOBREQUEST']._serialized_end=575
-  _globals['_DELETEJOBREQUEST']._serialized_start=577
-  _globals['_DELETEJOBREQUEST']._serialized_end=611
-  _globals['_DELETEJOBREPLY']._serialized_start=613
-  _globals['_DELETEJOBREPLY']._serialized_end=629
-  _globals['_DOWNLOADJOBREQUEST']._serialized_start=631
-  _globals['_DOWNLOADJOBREQUEST']._serialized_end=683
-  _globals['_DATACHUNK']._serialized_start=685
-  _globals['_DATACHUNK']._serialized_end=710
-  _globals['_LISTSITESREQUEST']._serialized_start=712
-  _globals['_LISTSITESREQUEST']._serialized_end=730
-  _globals['_SITEINFO']._serialized_start=732
-  _globals['_SITEINFO']._serialized_end=809
-  _globals['_LISTSITESREPLY']._serialized_start=811
-  _globals['_LISTSITESREPLY']._serialized_end=864
-  _globals['_GETJOBMETRICSREQUEST']._serialized_start=866
-  _globals['_GETJOBMETRICSREQUEST']._serialized_end=904
-  _globals['_ROUNDMETRICS']._serialized_start=906
-  _globals['_ROUNDMETRICS']._serialized_end=1030
-  _globals['_JOBMETRICS']._serialized_start=1032
-  _globals['_JOBMETRICS']._serialized_end=1102
-  _globals['_ADMINSERVICE']._serialized_start=1105
-  _globals['_ADMINSERVICE']._serialized_end=1875
+  _globals['_SUBMITJOBCHUNK']._serialized_start=141
+  _globals['_SUBMITJOBCHUNK']._serialized_end=232
+  _globals['_SUBMITJOBREPLY']._serialized_start=234
+  _globals['_SUBMITJOBREPLY']._serialized_end=283
+  _globals['_LISTJOBSREQUEST']._serialized_start=285
+  _globals['_LISTJOBSREQUEST']._serialized_end=410
+  _globals['_LISTJOBSREPLY']._serialized_start=412
+  _globals['_LISTJOBSREPLY']._serialized_end=464
+  _globals['_GETJOBREQUEST']._serialized_start=466
+  _globals['_GETJOBREQUEST']._serialized_end=497
+  _globals['_ABORTJOBREQUEST']._serialized_start=499
+  _globals['_ABORTJOBREQUEST']._serialized_end=548
+  _globals['_CLONEJOBREQUEST']._serialized_start=550
+  _globals['_CLONEJOBREQUEST']._serialized_end=583
+  _globals['_RESUMEJOBREQUEST']._serialized_start=585
+  _globals['_RESUMEJOBREQUEST']._serialized_end=619
+  _globals['_DELETEJOBREQUEST']._serialized_start=621
+  _globals['_DELETEJOBREQUEST']._serialized_end=655
+  _globals['_DELETEJOBREPLY']._serialized_start=657
+  _globals['_DELETEJOBREPLY']._serialized_end=673
+  _globals['_DOWNLOADJOBREQUEST']._serialized_start=675
+  _globals['_DOWNLOADJOBREQUEST']._serialized_end=727
+  _globals['_DATACHUNK']._serialized_start=729
+  _globals['_DATACHUNK']._serialized_end=754
+  _globals['_LISTSITESREQUEST']._serialized_start=756
+  _globals['_LISTSITESREQUEST']._serialized_end=774
+  _globals['_SITEINFO']._serialized_start=776
+  _globals['_SITEINFO']._serialized_end=853
+  _globals['_LISTSITESREPLY']._serialized_start=855
+  _globals['_LISTSITESREPLY']._serialized_end=908
+  _globals['_GETJOBMETRICSREQUEST']._serialized_start=910
+  _globals['_GETJOBMETRICSREQUEST']._serialized_end=948
+  _globals['_ROUNDMETRICS']._serialized_start=950
+  _globals['_ROUNDMETRICS']._serialized_end=1074
+  _globals['_JOBMETRICS']._serialized_start=1076
+  _globals['_JOBMETRICS']._serialized_end=1146
+  _globals['_ADMINSERVICE']._serialized_start=1149
+  _globals['_ADMINSERVICE']._serialized_end=2070
 # @@protoc_insertion_point(module_scope)

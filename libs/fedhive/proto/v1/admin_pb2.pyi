@@ -29,21 +29,27 @@ class SubmitJobChunk(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     QUEUE_ANYWAY_FIELD_NUMBER: _builtins.int
     SUBMISSION_ID_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
     queue_anyway: _builtins.bool
     """queue even if no registered site could ever run it"""
     submission_id: _builtins.str
     """client-chosen: a repeated submit with the same content is one job"""
+    job_id: _builtins.str
+    """The job's id, chosen by the caller (a hub site gives the upper tier's job id); "" for a
+    new one. A job of that id with the same content and submitter is answered as `existed`.
+    """
     def __init__(
         self,
         *,
         data: _builtins.bytes = ...,
         queue_anyway: _builtins.bool = ...,
         submission_id: _builtins.str = ...,
+        job_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "queue_anyway", b"queue_anyway", "submission_id", b"submission_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "job_id", b"job_id", "queue_anyway", b"queue_anyway", "submission_id", b"submission_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

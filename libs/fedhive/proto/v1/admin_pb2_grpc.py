@@ -6,6 +6,7 @@ import warnings
 
 from fedhive.proto.v1 import admin_pb2 as fedhive_dot_v1_dot_admin__pb2
 from fedhive.proto.v1 import job_pb2 as fedhive_dot_v1_dot_job__pb2
+from fedhive.proto.v1 import operation_pb2 as fedhive_dot_v1_dot_operation__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -91,6 +92,16 @@ class AdminServiceStub:
                 request_serializer=fedhive_dot_v1_dot_admin__pb2.GetJobMetricsRequest.SerializeToString,
                 response_deserializer=fedhive_dot_v1_dot_admin__pb2.JobMetrics.FromString,
                 _registered_method=True)
+        self.RunOperation = channel.unary_unary(
+                '/fedhive.v1.AdminService/RunOperation',
+                request_serializer=fedhive_dot_v1_dot_operation__pb2.OperationRequest.SerializeToString,
+                response_deserializer=fedhive_dot_v1_dot_operation__pb2.OperationReply.FromString,
+                _registered_method=True)
+        self.ExportOperationResult = channel.unary_unary(
+                '/fedhive.v1.AdminService/ExportOperationResult',
+                request_serializer=fedhive_dot_v1_dot_operation__pb2.ExportRequest.SerializeToString,
+                response_deserializer=fedhive_dot_v1_dot_operation__pb2.ExportReply.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -167,6 +178,19 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunOperation(self, request, context):
+        """One operation on an operation-driven job's sites (authorised as managing the job).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportOperationResult(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -224,6 +248,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetJobMetrics,
                     request_deserializer=fedhive_dot_v1_dot_admin__pb2.GetJobMetricsRequest.FromString,
                     response_serializer=fedhive_dot_v1_dot_admin__pb2.JobMetrics.SerializeToString,
+            ),
+            'RunOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunOperation,
+                    request_deserializer=fedhive_dot_v1_dot_operation__pb2.OperationRequest.FromString,
+                    response_serializer=fedhive_dot_v1_dot_operation__pb2.OperationReply.SerializeToString,
+            ),
+            'ExportOperationResult': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportOperationResult,
+                    request_deserializer=fedhive_dot_v1_dot_operation__pb2.ExportRequest.FromString,
+                    response_serializer=fedhive_dot_v1_dot_operation__pb2.ExportReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -523,6 +557,60 @@ class AdminService:
             '/fedhive.v1.AdminService/GetJobMetrics',
             fedhive_dot_v1_dot_admin__pb2.GetJobMetricsRequest.SerializeToString,
             fedhive_dot_v1_dot_admin__pb2.JobMetrics.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedhive.v1.AdminService/RunOperation',
+            fedhive_dot_v1_dot_operation__pb2.OperationRequest.SerializeToString,
+            fedhive_dot_v1_dot_operation__pb2.OperationReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportOperationResult(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedhive.v1.AdminService/ExportOperationResult',
+            fedhive_dot_v1_dot_operation__pb2.ExportRequest.SerializeToString,
+            fedhive_dot_v1_dot_operation__pb2.ExportReply.FromString,
             options,
             channel_credentials,
             insecure,

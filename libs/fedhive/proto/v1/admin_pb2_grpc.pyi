@@ -7,6 +7,7 @@ The admin gateway: what the `fedhive` CLI and SDK call."""
 from collections import abc as _abc
 from fedhive.proto.v1 import admin_pb2 as _admin_pb2
 from fedhive.proto.v1 import job_pb2 as _job_pb2
+from fedhive.proto.v1 import operation_pb2 as _operation_pb2
 from grpc import aio as _aio
 import abc as _abc_1
 import grpc as _grpc
@@ -50,6 +51,9 @@ class AdminServiceStub:
     ListSites: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListSitesRequest, _admin_pb2.ListSitesReply]
     GetJobMetrics: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetJobMetricsRequest, _admin_pb2.JobMetrics]
     """The rounds the job's workflows reported so far, oldest first (readable while it runs)."""
+    RunOperation: _grpc.UnaryUnaryMultiCallable[_operation_pb2.OperationRequest, _operation_pb2.OperationReply]
+    """One operation on an operation-driven job's sites (authorised as managing the job)."""
+    ExportOperationResult: _grpc.UnaryUnaryMultiCallable[_operation_pb2.ExportRequest, _operation_pb2.ExportReply]
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -71,6 +75,9 @@ class AdminServiceAsyncStub(AdminServiceStub):
     ListSites: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListSitesRequest, _admin_pb2.ListSitesReply]  # type: ignore[assignment]
     GetJobMetrics: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetJobMetricsRequest, _admin_pb2.JobMetrics]  # type: ignore[assignment]
     """The rounds the job's workflows reported so far, oldest first (readable while it runs)."""
+    RunOperation: _aio.UnaryUnaryMultiCallable[_operation_pb2.OperationRequest, _operation_pb2.OperationReply]  # type: ignore[assignment]
+    """One operation on an operation-driven job's sites (authorised as managing the job)."""
+    ExportOperationResult: _aio.UnaryUnaryMultiCallable[_operation_pb2.ExportRequest, _operation_pb2.ExportReply]  # type: ignore[assignment]
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -155,5 +162,20 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.JobMetrics, _abc.Awaitable[_admin_pb2.JobMetrics]]:
         """The rounds the job's workflows reported so far, oldest first (readable while it runs)."""
+
+    @_abc_1.abstractmethod
+    def RunOperation(
+        self,
+        request: _operation_pb2.OperationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operation_pb2.OperationReply, _abc.Awaitable[_operation_pb2.OperationReply]]:
+        """One operation on an operation-driven job's sites (authorised as managing the job)."""
+
+    @_abc_1.abstractmethod
+    def ExportOperationResult(
+        self,
+        request: _operation_pb2.ExportRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operation_pb2.ExportReply, _abc.Awaitable[_operation_pb2.ExportReply]]: ...
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -26,21 +26,21 @@ _sym_db = _symbol_database.Default()
 from fedhive.proto.v1 import job_pb2 as fedhive_dot_v1_dot_job__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x65\x64hive/v1/jobstore.proto\x12\nfedhive.v1\x1a\x14\x66\x65\x64hive/v1/job.proto\"|\n\x0eStoreSubmitJob\x12\x13\n\x0bstaging_key\x18\x01 \x01(\t\x12(\n\tsubmitter\x18\x02 \x01(\x0b\x32\x15.fedhive.v1.Submitter\x12\x15\n\rsubmission_id\x18\x03 \x01(\t\x12\x14\n\x0cqueue_anyway\x18\x04 \x01(\x08\"I\n\rStoreCloneJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12(\n\tsubmitter\x18\x02 \x01(\x0b\x32\x15.fedhive.v1.Submitter\"J\n\x0eStoreResumeJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12(\n\tsubmitter\x18\x02 \x01(\x0b\x32\x15.fedhive.v1.Submitter\"8\n\x10StoreDownloadJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0c\x65xpires_in_s\x18\x02 \x01(\x05\"W\n\x12StoreDownloadReply\x12\x16\n\x0e\x64\x65\x66inition_url\x18\x01 \x01(\t\x12\x12\n\nresult_url\x18\x02 \x01(\t\x12\x15\n\rexpires_at_ms\x18\x03 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x65\x64hive/v1/jobstore.proto\x12\nfedhive.v1\x1a\x14\x66\x65\x64hive/v1/job.proto\"\x8c\x01\n\x0eStoreSubmitJob\x12\x13\n\x0bstaging_key\x18\x01 \x01(\t\x12(\n\tsubmitter\x18\x02 \x01(\x0b\x32\x15.fedhive.v1.Submitter\x12\x15\n\rsubmission_id\x18\x03 \x01(\t\x12\x14\n\x0cqueue_anyway\x18\x04 \x01(\x08\x12\x0e\n\x06job_id\x18\x05 \x01(\t\"I\n\rStoreCloneJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12(\n\tsubmitter\x18\x02 \x01(\x0b\x32\x15.fedhive.v1.Submitter\"J\n\x0eStoreResumeJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12(\n\tsubmitter\x18\x02 \x01(\x0b\x32\x15.fedhive.v1.Submitter\"8\n\x10StoreDownloadJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0c\x65xpires_in_s\x18\x02 \x01(\x05\"W\n\x12StoreDownloadReply\x12\x16\n\x0e\x64\x65\x66inition_url\x18\x01 \x01(\t\x12\x12\n\nresult_url\x18\x02 \x01(\t\x12\x15\n\rexpires_at_ms\x18\x03 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedhive.proto.v1.jobstore_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STORESUBMITJOB']._serialized_start=63
-  _globals['_STORESUBMITJOB']._serialized_end=187
-  _globals['_STORECLONEJOB']._serialized_start=189
-  _globals['_STORECLONEJOB']._serialized_end=262
-  _globals['_STORERESUMEJOB']._serialized_start=264
-  _globals['_STORERESUMEJOB']._serialized_end=338
-  _globals['_STOREDOWNLOADJOB']._serialized_start=340
-  _globals['_STOREDOWNLOADJOB']._serialized_end=396
-  _globals['_STOREDOWNLOADREPLY']._serialized_start=398
-  _globals['_STOREDOWNLOADREPLY']._serialized_end=485
+  _globals['_STORESUBMITJOB']._serialized_start=64
+  _globals['_STORESUBMITJOB']._serialized_end=204
+  _globals['_STORECLONEJOB']._serialized_start=206
+  _globals['_STORECLONEJOB']._serialized_end=279
+  _globals['_STORERESUMEJOB']._serialized_start=281
+  _globals['_STORERESUMEJOB']._serialized_end=355
+  _globals['_STOREDOWNLOADJOB']._serialized_start=357
+  _globals['_STOREDOWNLOADJOB']._serialized_end=413
+  _globals['_STOREDOWNLOADREPLY']._serialized_start=415
+  _globals['_STOREDOWNLOADREPLY']._serialized_end=502
 # @@protoc_insertion_point(module_scope)

@@ -30,11 +30,14 @@ class StoreSubmitJob(_message.Message):
     SUBMITTER_FIELD_NUMBER: _builtins.int
     SUBMISSION_ID_FIELD_NUMBER: _builtins.int
     QUEUE_ANYWAY_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
     staging_key: _builtins.str
     """where the gateway put the uploaded archive in S3"""
     submission_id: _builtins.str
     """optional, client-chosen"""
     queue_anyway: _builtins.bool
+    job_id: _builtins.str
+    """optional, caller-chosen (SubmitJobChunk.job_id)"""
     @_builtins.property
     def submitter(self) -> _job_pb2.Submitter: ...
     def __init__(
@@ -44,10 +47,11 @@ class StoreSubmitJob(_message.Message):
         submitter: _job_pb2.Submitter | None = ...,
         submission_id: _builtins.str = ...,
         queue_anyway: _builtins.bool = ...,
+        job_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["submitter", b"submitter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_anyway", b"queue_anyway", "staging_key", b"staging_key", "submission_id", b"submission_id", "submitter", b"submitter"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "queue_anyway", b"queue_anyway", "staging_key", b"staging_key", "submission_id", b"submission_id", "submitter", b"submitter"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,131 @@
+"""The server job's answers to operation callers (operation.proto), beside the task transport.
+
+The gateway forwards `OperationRequest` and `ExportRequest` (as the services' broker user:
+the task server takes them from no one else) for an admin it authorised to manage the job.
+
+* `OperationRequest`: queued in the job's inbox (`ctx.operations`, an `OperationController`'s;
+  a job without one is not operation-driven and says so), then answered once the operation is
+  done or after `wait_ms`: PENDING, DONE with the result (its refs presigned for reading, except
+  an upper tier's, which keep their own URLs), or FAILED with why.
+* `ExportRequest`: the non-inline tensors of a finished operation's result, copied from this
+  job's store to presigned targets an upper tier granted (its hub site relays them): single
+  PUTs (write-once when so signed) or multipart parts, whose ETags are returned for the grantor
+  to complete. Only tensors of that result can be exported; each is read and sent one at a
+  time, so memory stays at about one tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedhive.blobs import (
+    WRITE_ONCE_HEADERS,
+    BlobStore,
+    MultipartGrant,
+    PresignedUploader,
+    PresignedUrl,
+    TensorCodec,
+)
+from fedhive.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from fedhive.fl.dxo import DataKind, Dxo, dxo_from_proto, dxo_to_proto
+from fedhive.fl.operations import Call
+from fedhive.fl.workflow import WorkflowContext
+from fedhive.jobs.limits import MAX_JOB_ID
+from fedhive.proto.v1 import operation_pb2
+from fedhive.structs import dict_to_struct, struct_to_dict
+
+_R = operation_pb2.OperationReply
+MAX_EXPORT = 100_000  # targets in one export request
+
+
+class OperationDesk:
+    def __init__(self, ctx: WorkflowContext, store: BlobStore, codec: TensorCodec, *,
+                 url_ttl_s: int, max_wait_s: float) -> None:
+        self.ctx = ctx
+        self._store = store
+        self._codec = codec
+        self._url_ttl_s = url_ttl_s
+        self._max_wait_s = max_wait_s
+        self._uploader: PresignedUploader | None = None
+
+    def operate(self, message: operation_pb2.OperationRequest) -> operation_pb2.OperationReply:
+        inbox = self.ctx.operations
+        if inbox is None and not self.ctx.prepared.is_set():
+            raise Unavailable(f"job {self.ctx.job_id}: its workflows are starting; try again",
+                              field="job_id")
+        if inbox is None:
+            raise FailedPrecondition(f"job {self.ctx.job_id} is not operation-driven: its "
+                                     "server app runs no OperationController", field="job_id")
+        op_id = _text(message.op_id, "op_id")
+        task_name = _text(message.task_name or message.method, "task_name")
+        data = dxo_from_proto(message.data) if message.HasField("data") \
+            else Dxo(DataKind.WEIGHTS)
+        call = inbox.submit(Call(op_id, task_name, message.method,
+                                 struct_to_dict(message.args), data))
+        call.done.wait(max(0.0, min(message.wait_ms / 1000, self._max_wait_s)))
+        return self._reply(call)
+
+    def _reply(self, call: Call) -> operation_pb2.OperationReply:
+        if call.pending:
+            return _R(state=_R.STATE_PENDING)
+        contributions = dict_to_struct(call.contributions)
+        if call.error or call.result is None:
+            return _R(state=_R.STATE_FAILED, error=call.error, contributions=contributions)
+        reply = _R(state=_R.STATE_DONE, contributions=contributions)
+        dxo_to_proto(call.result, lambda arrays: self._codec.pack(arrays, self.ctx.tensor_prefix),
+                     into=reply.result)
+        for ref in reply.result.tensors:
+            if ref.key and not self.ctx.is_foreign(ref.key):
+                url = self._store.presign_get(ref.key, self._url_ttl_s)
+                ref.url, ref.url_expires_at_ms = url.url, url.expires_at_ms
+        return reply
+
+    def export(self, message: operation_pb2.ExportRequest) -> operation_pb2.ExportReply:
+        inbox = self.ctx.operations
+        call = inbox.get(_text(message.op_id, "op_id")) if inbox is not None else None
+        if call is None:
+            raise NotFound(f"job {self.ctx.job_id} has no operation {message.op_id!r} (or no "
+                           "longer keeps it)", field="op_id")
+        if call.pending or call.result is None:
+            raise FailedPrecondition(f"operation {message.op_id!r} has no result to export "
+                                     f"({call.error or 'still running'})", field="op_id")
+        if len(message.targets) > MAX_EXPORT:
+            raise InvalidArgument(f"{len(message.targets)} export targets (at most "
+                                  f"{MAX_EXPORT})", field="targets")
+        refs = {ref.name: ref for ref in call.result.refs()}
+        reply = operation_pb2.ExportReply()
+        for target in message.targets:
+            ref = refs.get(target.name)
+            if ref is None or ref.is_inline or self.ctx.is_foreign(ref.key):
+                raise InvalidArgument(f"operation {message.op_id!r}: {target.name[:200]!r} is "
+                                      "not a stored tensor of its result", field="targets")
+            body = memoryview(bytearray(ref.length))
+            self._store.read_into(ref.key, body, ref.offset)
+            parts = reply.targets.add()
+            if target.part_urls:
+                grant = MultipartGrant("", target.part_size,
+                                       [PresignedUrl(url, 0) for url in target.part_urls])
+                parts.etags.extend(self._upload().put_parts(grant, ref.name, body))
+            elif target.url:
+                self._upload().put(target.url, ref.name, body,
+                                   headers=WRITE_ONCE_HEADERS if target.write_once else None)
+            else:
+                raise InvalidArgument(f"export target {target.name[:200]!r} has no URL",
+                                      field="targets")
+            del body
+        self.ctx.log.info("operation.exported", op_id=message.op_id,
+                          tensors=len(message.targets))
+        return reply
+
+    def _upload(self) -> PresignedUploader:
+        if self._uploader is None:
+            self._uploader = PresignedUploader()
+        return self._uploader
+
+
+def _text(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidArgument(f"{field} is required", field=field)
+    if len(value) > MAX_JOB_ID:
+        raise InvalidArgument(f"{field} is longer than {MAX_JOB_ID} characters", field=field)
+    return value

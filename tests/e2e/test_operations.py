@@ -1,0 +1,98 @@
+"""Operation-driven jobs end to end (seed 004's operation process engine): a test process keeps
+the training loop and runs each round as an operation on a real system's sites, through the
+gateway (tests/fixtures/e2e.py: real RabbitMQ, Redis, S3, services and site agents)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedhive.errors import FailedPrecondition, InvalidArgument
+from fedhive.jobs.status import JobStatus
+from fedhive.sdk import Session
+from fedhive.sdk.operations import operation_job
+from tests.fixtures.e2e import System
+from tests.fixtures.gateway import GatewayProcess, write_admins
+from tests.fixtures.tiers import fedavg, site_app
+
+S = JobStatus
+
+
+@pytest.fixture(scope="module")
+def session(e2e_system: System, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
+    tmp = tmp_path_factory.mktemp("operations")
+    gateway = GatewayProcess(e2e_system.settings, write_admins(tmp / "admins.json"),
+                             tmp / "gateway.log")
+    gateway.start()
+    try:
+        gateway.wait_ready()
+        with gateway.session("admin@a") as admin:
+            yield admin
+    finally:
+        gateway.stop()
+
+
+def test_three_rounds_of_fedavg_driven_from_a_test_process(
+        session: Session, e2e_system: System, tmp_path: Path) -> None:
+    sites = e2e_system.sites[:2]
+    offsets, weights = {sites[0]: 1.0, sites[1]: 4.0}, {sites[0]: 1.0, sites[1]: 3.0}
+    app = site_app(tmp_path / "app", offsets, weights)
+    job_id = session.start_operation_job(app, sites=sites, min_clients=2).job_id
+    model = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    expected = {"w": model["w"].astype(np.float64)}
+    for number in range(3):
+        result = session.call_operation(job_id, "train", model, meta={"current_round": number},
+                                        read_wait=60)
+        model = result.data
+        expected = fedavg(expected, sites, offsets, weights)
+        np.testing.assert_allclose(model["w"], expected["w"], rtol=1e-6)
+        assert result.weight == 4.0
+        assert set(result.contributions) == set(sites)
+        assert result.contributions[sites[1]]["weight"] == 3.0
+    session.end_operation_job(job_id)
+    record = e2e_system.wait_final(job_id)
+    assert record.status is S.FINISHED_COMPLETED, record.status_reason
+    rounds = session.metrics(job_id)
+    assert [r.round for r in rounds] == [0, 1, 2]
+    assert set(rounds[0].metrics["sites"]) == set(sites)
+    with pytest.raises(FailedPrecondition, match="takes no more operations"):
+        session.call_operation(job_id, "train", model)
+
+
+def test_a_relay_operation_passes_each_result_to_the_next_site(
+        session: Session, e2e_system: System, tmp_path: Path) -> None:
+    sites = e2e_system.sites[:2]
+    offsets, weights = {sites[0]: 1.0, sites[1]: 10.0}, {sites[0]: 1.0, sites[1]: 1.0}
+    job_id = session.start_operation_job(site_app(tmp_path / "app", offsets, weights),
+                                         sites=sites, min_clients=2).job_id
+    try:
+        result = session.call_operation(job_id, "train", {"w": np.zeros(3, np.float32)},
+                                        method="relay", args={"targets": sites}, read_wait=60)
+        np.testing.assert_allclose(result.data["w"], np.full(3, 11.0))  # both, in turn
+    finally:
+        session.end_operation_job(job_id)
+    assert e2e_system.wait_final(job_id).status is S.FINISHED_COMPLETED
+
+
+def test_operations_on_a_job_that_is_not_operation_driven_are_refused(
+        session: Session, e2e_system: System) -> None:
+    job_id = session.submit(Path("examples/hello-numpy")).job_id
+    e2e_system.wait_status(job_id, S.RUNNING, timeout=60)
+    with pytest.raises(FailedPrecondition, match="not operation-driven"):
+        session.call_operation(job_id, "train", {"w": np.zeros(1, np.float32)}, read_wait=30)
+    assert e2e_system.wait_final(job_id, timeout=60).status is S.FINISHED_COMPLETED
+
+
+def test_an_unknown_operator_method_is_refused_at_submit(session: Session,
+                                                         tmp_path: Path) -> None:
+    archive = operation_job(site_app(tmp_path / "app", {}, {}),
+                            operators={"train": {"method": "gossip"}})
+    with pytest.raises(InvalidArgument, match=r"operators.train.*gossip"):
+        session.submit(archive)
+    archive = operation_job(site_app(tmp_path / "app", {}, {}),
+                            operators={"train": {"method": "bcast", "aggregator": "agg"}})
+    with pytest.raises(InvalidArgument, match="aggregator names component 'agg'"):
+        session.submit(archive)

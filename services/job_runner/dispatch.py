@@ -30,6 +30,7 @@ from fedhive.jobs.definition import JobDefinition, load_job
 from fedhive.jobs.events import publish_status
 from fedhive.jobs.record import JobMeta, JobRecord
 from fedhive.jobs.status import JobStatus
+from fedhive.jobs.tiers import OPERATORS_FILE, operators_file
 from fedhive.proto.v1 import runner_pb2, site_pb2
 from fedhive.state.port import JobUpdate
 from fedhive.state.runs import RunEntry, SiteState
@@ -153,7 +154,9 @@ class _Dispatch:
 
     def bundle(self, definition: JobDefinition, app: str) -> tuple[str, int]:
         files = definition.files.subtree(app)
-        data = write_zip([(name, _reader(files.read, name)) for name in files.names()])
+        shipped = operators_file(definition)  # what a hub site needs of the server config
+        data = write_zip([*[(name, _reader(files.read, name)) for name in files.names()
+                            if name != OPERATORS_FILE], (OPERATORS_FILE, lambda: shipped)])
         assert data is not None
         key = self.ctx.names.job_bundle_key(self.job_id, app)
         self.ctx.blobs.put(key, data)

@@ -29,6 +29,7 @@ from fedhive.resources import CheckResult, SiteResources
 
 from . import bundle, process
 from .config import SiteConfig
+from .hub import Hub
 from .records import (
     JobRecord,
     JobState,
@@ -67,8 +68,10 @@ class SiteAgent:
         workspace: Workspace,
         *,
         downloader: Downloader = _download,
+        hub: Hub | None = None,
     ) -> None:
         self.config = config
+        self.hub = hub  # a hub site's lower tier (`hub`), None for an ordinary site
         self._manager = resources.manager
         self._consumer = resources.consumer
         self._ws = workspace
@@ -155,6 +158,9 @@ class SiteAgent:
     # -- resources ------------------------------------------------------------------------------
     def check_resources(self, job_id: str, requirement: Mapping[str, Any]) -> CheckResult:
         check_job_id(job_id)
+        if self.hub is not None and not (below := self.hub.check()).ok:
+            self._log.info("site_agent.checked", job_id=job_id, ok=False, reason=below.reason)
+            return below
         result = self._manager.check_resources(requirement)
         self._log.info("site_agent.checked", job_id=job_id, ok=result.ok, reason=result.reason)
         return result
@@ -227,6 +233,8 @@ class SiteAgent:
             except UnsafeArchive as err:
                 raise UnsafeArchive([f"{what}: {v}" for v in err.violations],
                                     field=err.field) from None
+            if self.hub is not None:  # the lower-tier job (same id), before anything is kept
+                self.hub.deploy(job_id, self._ws.app_dir(job_id))
             self._log.info("site_agent.deployed", job_id=job_id, app=app_name, files=len(files))
             return self._save(record.but(state=JobState.DEPLOYED, app_name=app_name))
 
@@ -248,7 +256,7 @@ class SiteAgent:
             env = self._consumer.consume(record.allocation)
             route = Names(self.config.namespace).job_site_route(job_id, self.config.site)
             args = ["--site-dir", str(self.config.site_dir), "--job-id", job_id,
-                    "--server-queue", route]
+                    "--server-queue", route, *(["--hub"] if self.hub is not None else [])]
             for name in sorted(env):
                 args += ["--resource-env", name]
             self._ws.last_words_file(job_id).unlink(missing_ok=True)  # only this run's count
@@ -273,6 +281,8 @@ class SiteAgent:
             if not record.state.final:
                 record = self._save(record.but(state=JobState.ABORTED,
                                                reason=reason or "aborted"))
+                if self.hub is not None and record.app_name:
+                    self.hub.abort(job_id, record.reason)
                 if record.pid:
                     killed = process.stop_group(record.pid, record.pid_started,
                                                 self.config.abort_grace_s)

@@ -42,7 +42,7 @@ from fedhive.bus import RabbitBus
 from fedhive.config import Settings, environment_values
 from fedhive.errors import FedhiveError, Unavailable, Unroutable
 from fedhive.fl.components import ComponentError
-from fedhive.fl.executor import Executors
+from fedhive.fl.executor import ANY_TASK, Executors
 from fedhive.fl.worker import Worker, WorkerConfig
 from fedhive.heap import bound_heap
 from fedhive.logging import configure
@@ -53,6 +53,8 @@ from fedhive.sites.heartbeat import JobHeartbeat
 from fedhive.sites.serde import job_heartbeat_to_proto
 
 from .config import SiteConfig, agent_settings, load_site
+from .hub import HUB_FILE, load_hub
+from .hub_executor import HubExecutor
 from .records import LastWords, Workspace, check_job_id, now_ms, one_line, write_json
 
 # WorkerExit may go out while the server job is still starting (its queue not there yet).
@@ -73,6 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--site-dir", type=Path, required=True)
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--server-queue", default="")
+    parser.add_argument("--hub", action="store_true",
+                        help="a hub site: run HubExecutor (local/hub.json) for every task")
     parser.add_argument("--resource-env", action="append", default=[],
                         help="a variable the resource consumer set (reported back)")
     return parser.parse_args(argv)
@@ -123,11 +127,21 @@ def beat(job: ClientJob, bus: RabbitBus, current_task: str) -> None:
                       job_heartbeat_to_proto(heartbeat))
 
 
-def work(job: ClientJob, bus: RabbitBus, abort: threading.Event) -> bool:
+def executors_for(job: ClientJob, hub: bool, abort: threading.Event) -> Executors:
+    """The app's executors, or at a hub site `HubExecutor` for every task."""
+    if not hub:
+        return Executors.load(Path.cwd())
+    config = load_hub(job.config.site_dir)
+    if config is None:
+        raise ComponentError(f"--hub: {job.config.site_dir / HUB_FILE} is missing")
+    return Executors(by_task={ANY_TASK: HubExecutor(config, job.job_id, abort)})
+
+
+def work(job: ClientJob, bus: RabbitBus, abort: threading.Event, hub: bool = False) -> bool:
     """Steps 2 and 3; True after END_RUN, False once `abort` stopped it. Raises what ended the
     worker (FedhiveError: one line for the operator)."""
     try:
-        executors = Executors.load(Path.cwd())
+        executors = executors_for(job, hub, abort)
     except ComponentError as err:
         job.log.error("client_job.bad_executor_config", error=str(err))
         _exit_notice(job, bus, str(err))
@@ -198,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         job = prepare(args)
         bus = RabbitBus(job.settings, name=f"client-job.{job.job_id}", site=True)
         report(job, args, bus)
-        ended = work(job, bus, abort)
+        ended = work(job, bus, abort, args.hub)
     except (FedhiveError, ComponentError) as err:
         last_words(job, 1, str(err))
         print(f"fedhive-client-job: {err}", file=sys.stderr)

@@ -106,8 +106,15 @@ class Heartbeats:
         return True
 
     def _run(self) -> None:
+        hub = self._agent.hub
         while True:
-            self.publish("heartbeat")
+            # A hub whose lower tier does not answer has nothing to offer: no heartbeat, so
+            # the runner soon sees the site offline and the scheduler does not count on it.
+            down = hub.unreachable() if hub is not None else ""
+            if down:
+                self._log.warning("site_agent.heartbeat_withheld", why=down)
+            else:
+                self.publish("heartbeat")
             if self._stop.wait(self._interval):
                 return
 

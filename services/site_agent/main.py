@@ -32,6 +32,7 @@ from .agent import SiteAgent
 from .config import agent_settings, load_site, load_site_resources
 from .handlers import ACCEPTS, make_handler
 from .heartbeat import EndedNotices, Heartbeats
+from .hub import Hub, load_hub
 from .records import AgentInfo, Workspace, now_ms
 from .status import render, site_status
 
@@ -79,13 +80,23 @@ class RunningAgent:
         self._notices.stop()
         self._heartbeats.stop()
         self._bus.close()
+        if self.agent.hub is not None:
+            self.agent.hub.close()
 
 
 def build_agent(site_dir: Path, settings: Settings, log: Any) -> RunningAgent:
     config = load_site(site_dir)
     resources = load_site_resources(config)
     workspace = Workspace(config.workspace)
-    agent = SiteAgent(config, resources, workspace)
+    hub_config = load_hub(config.site_dir)
+    hub = Hub(hub_config, config.site) if hub_config is not None else None
+    if hub is not None:
+        try:
+            hub.verify()
+        except BaseException:
+            hub.close()
+            raise
+    agent = SiteAgent(config, resources, workspace, hub=hub)
     agent.reconcile()
     bus = RabbitBus(agent_settings(settings, config), name=f"{SERVICE}.{config.site}", site=True)
     try:

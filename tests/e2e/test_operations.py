@@ -88,11 +88,11 @@ def test_operations_on_a_job_that_is_not_operation_driven_are_refused(
 
 def test_an_unknown_operator_method_is_refused_at_submit(session: Session,
                                                          tmp_path: Path) -> None:
-    archive = operation_job(site_app(tmp_path / "app", {}, {}),
+    archive = operation_job(site_app(tmp_path / "app", {}, {}), sites=["x"],
                             operators={"train": {"method": "gossip"}})
     with pytest.raises(InvalidArgument, match=r"operators.train.*gossip"):
         session.submit(archive)
-    archive = operation_job(site_app(tmp_path / "app", {}, {}),
+    archive = operation_job(site_app(tmp_path / "app", {}, {}), sites=["x"],
                             operators={"train": {"method": "bcast", "aggregator": "agg"}})
     with pytest.raises(InvalidArgument, match="aggregator names component 'agg'"):
         session.submit(archive)

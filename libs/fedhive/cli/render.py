@@ -6,7 +6,8 @@ JSON job (`--json`; `jobs --json` prints a list of these):
     submit_time, start_time, end_time (ISO 8601 UTC or null), duration_s (null until started),
     schedule_count, last_schedule_time, next_schedule_time, sites, failed_sites, deploy_map,
     resource_spec, min_clients, mandatory_clients, cloned_from (null if not a clone),
-    resumed_from (null unless the job continues another's checkpoint),
+    resumed_from (null unless the job continues another's checkpoint), parent (null unless a
+    hub site created the job: the upper tier's {tier, job_id, hub_site}),
     pending_reason ({} unless a SUBMITTED job waits), history [{from, to, reason, at}],
     site_states ({site: {allocated, deployed, started, excluded, gone, last_heartbeat}}: each
     site's part in the run; excluded/gone say why, "" if not; last_heartbeat ISO or null)
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhive.jobs.record import JobRecord
+from fedhive.jobs.tiers import HIERARCHY, tier_of
 from fedhive.sdk import SiteInfo
 
 
@@ -64,6 +66,7 @@ def job_json(job: JobRecord, now_ms: int) -> dict[str, Any]:
         "mandatory_clients": job.meta.mandatory_clients,
         "cloned_from": job.meta.extra.get("cloned_from"),
         "resumed_from": job.resumed_from or None,
+        "parent": _parent(job),
         "pending_reason": job.pending_reason,
         "site_states": {site: _site_state(values) for site, values in job.site_states.items()},
         "history": [
@@ -119,6 +122,15 @@ def jobs_table(jobs: list[JobRecord], now_ms: int) -> Table:
     return table
 
 
+def _parent(job: JobRecord) -> dict[str, Any] | None:
+    """The upper-tier job a hub site made this one for (`fedhive.jobs.tiers`)."""
+    entry = job.meta.extra.get(HIERARCHY)
+    if not isinstance(entry, dict):
+        return None
+    return {"tier": tier_of(job.meta) - 1, "job_id": entry.get("parent_job_id"),
+            "hub_site": entry.get("hub_site")}
+
+
 def print_job(console: Console, job: JobRecord, now_ms: int) -> None:
     details = Table(show_header=False, box=None)
     values = job_json(job, now_ms)
@@ -130,6 +142,9 @@ def print_job(console: Console, job: JobRecord, now_ms: int) -> None:
             value = ", ".join(value)
         details.add_row(key, "" if value is None else str(value))
     details.add_row("duration", _human_duration(job, now_ms))
+    if (parent := values["parent"]) is not None:
+        details.add_row("parent", f"tier {parent['tier']} job {parent['job_id']} "
+                                  f"(through hub site {parent['hub_site']})")
     if job.pending_reason:
         details.add_row("waiting", str(job.pending_reason.get("summary", job.pending_reason)))
     deploy_map = job.meta.deploy_map.items()

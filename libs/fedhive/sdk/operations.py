@@ -45,17 +45,17 @@ POLL_MS = 10_000
 _R = operation_pb2.OperationReply
 
 
-def operation_job(site_app: Path, *, name: str = "operations", sites: list[str] | None = None,
+def operation_job(site_app: Path, *, sites: list[str], name: str = "operations",
                   operators: Mapping[str, Any] | None = None,
                   components: list[dict[str, Any]] | None = None, min_clients: int | None = None,
                   resource_spec: Mapping[str, Any] | None = None, project: str = "",
                   task_wait_time: float | None = None,
                   extra_meta: Mapping[str, Any] | None = None) -> bytes:
     """The zip of an operation-driven job: `site_app` (a folder with config/ and custom/)
-    deployed to `sites` (default `@ALL`), a server app running `OperationController` with
-    `operators` and the `components` they name."""
+    deployed to `sites`, a server app running `OperationController` with `operators` and the
+    `components` they name."""
     meta: dict[str, Any] = {"name": name, "deploy_map": {SERVER_APP: ["server"],
-                                                         SITE_APP: sites or ["@ALL"]}}
+                                                         SITE_APP: list(sites)}}
     if min_clients is not None:
         meta["min_clients"] = min_clients
     if resource_spec:

@@ -265,7 +265,10 @@ class Session:
                             resource_spec: Mapping[str, Any] | None = None, job_id: str = "",
                             extra_meta: Mapping[str, Any] | None = None) -> SubmitResult:
         """Submit a job that runs the operations its callers ask for (`call_operation`) on
-        `sites` (default every site) with `site_app`; see `operations.operation_job`."""
+        `sites` (default: the sites online now) with `site_app`; see
+        `operations.operation_job`."""
+        if not sites:
+            sites = [site.name for site in self.sites() if site.online]
         archive = operation_job(site_app, name=name, sites=sites, operators=operators,
                                 components=components, min_clients=min_clients,
                                 resource_spec=resource_spec, project=project,
@@ -286,13 +289,13 @@ class Session:
         request = request_for(job_id, task_name, to_dxo(data, meta), method=method, op_id=op_id,
                               args={"aggregator": aggregator, "min_targets": min_targets,
                                     "timeout": timeout, **(args or {})})
-        return run_until_done(self._run_operation, request, read_wait=read_wait, wait=wait,
+        return run_until_done(self.run_operation, request, read_wait=read_wait, wait=wait,
                               alive=lambda: self._why_ended(job_id))
 
     def end_operation_job(self, job_id: str, *, read_wait: float = 10.0) -> None:
         """The job's caller is done: it ends FINISHED:COMPLETED."""
         request = request_for(job_id, END, Dxo(DataKind.WEIGHTS), method=END)
-        run_until_done(self._run_operation, request, read_wait=read_wait,
+        run_until_done(self.run_operation, request, read_wait=read_wait,
                        alive=lambda: self._why_ended(job_id))
 
     def export_operation(self, request: operation_pb2.ExportRequest
@@ -303,8 +306,9 @@ class Session:
                                                      timeout=self.submit_timeout))
         return reply
 
-    def _run_operation(self, request: operation_pb2.OperationRequest
-                       ) -> operation_pb2.OperationReply:
+    def run_operation(self, request: operation_pb2.OperationRequest
+                      ) -> operation_pb2.OperationReply:
+        """One RunOperation RPC, as it is (`call_operation` repeats it until done)."""
         reply: operation_pb2.OperationReply = self._call(
             lambda: self._stub.RunOperation(request, metadata=self._metadata,
                                             timeout=request.wait_ms / 1000 + self.timeout))

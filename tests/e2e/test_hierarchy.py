@@ -1,0 +1,136 @@
+"""Hierarchical federation end to end (seed 004): two real fedhive systems on one broker, Redis
+and S3 (namespaces of their own, buckets of their own), each with its services, gateway and
+site agents. Tier 1 has an ordinary site and a hub site whose lower tier is tier 2 (two sites).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedhive.config import Settings
+from fedhive.jobs.status import JobStatus
+from fedhive.jobs.tiers import HIERARCHY
+from fedhive.sdk import Session
+from tests.fixtures.e2e import System, running_system
+from tests.fixtures.gateway import GatewayProcess, write_admins
+from tests.fixtures.infra import RUN_ID, S3Server, settings_for
+from tests.fixtures.site_agent import SiteAgentProcess
+from tests.fixtures.tiers import fedavg, sag_job, site_app
+
+S = JobStatus
+ADMIN = "admin@a"
+
+
+@dataclass
+class Tier:
+    system: System
+    gateway: GatewayProcess
+
+    def session(self) -> Session:
+        return self.gateway.session(ADMIN)
+
+
+@dataclass
+class Tiers:
+    t1: Tier
+    t2: Tier
+    hub: SiteAgentProcess
+
+    @property
+    def plain(self) -> str:
+        return self.t1.system.sites[0]
+
+    def configure_hub(self, **fields: object) -> None:
+        """Rewrite the hub's local/hub.json (restarting its agent when it runs)."""
+        local = self.hub.site_dir / "local"
+        (local / "t2-token").write_text(self.t2.gateway.admins.tokens[ADMIN])
+        config = {"gateway": self.t2.gateway.address, "token_file": "t2-token",
+                  "task_read_wait_time": 60, **fields}
+        (local / "hub.json").write_text(json.dumps(config))
+        if self.hub.proc is not None and self.hub.proc.poll() is None:
+            self.hub.stop()
+        self.hub.launch()
+        self.t1.system.wait_online(self.hub.site)
+
+
+def _gateway(system: System, tmp: Path) -> GatewayProcess:
+    gateway = GatewayProcess(system.settings, write_admins(tmp / "admins.json"),
+                             tmp / "gateway.log")
+    gateway.start()
+    gateway.wait_ready()
+    return gateway
+
+
+@pytest.fixture(scope="module")
+def tiers(amqp_url: str, redis_url: str, s3_server: S3Server, test_bucket: str,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tiers]:
+    tmp = tmp_path_factory.mktemp("tiers")
+    (tmp / "t1").mkdir()
+    (tmp / "t2").mkdir()
+    settings2 = settings_for(amqp_url, redis_url, s3_server, f"{test_bucket}-t2",
+                             f"t{RUN_ID}-t2")
+    settings1: Settings = settings_for(amqp_url, redis_url, s3_server, test_bucket,
+                                       f"t{RUN_ID}-t1")
+    sites2 = [f"b{RUN_ID}-1", f"b{RUN_ID}-2"]
+    sites1 = [f"a{RUN_ID}-1", f"hub{RUN_ID}"]
+    with running_system(settings2, tmp / "t2", sites2, schedulers=1) as t2, \
+            running_system(settings1, tmp / "t1", sites1, launched=1, schedulers=1) as t1:
+        gateways = [_gateway(t2, tmp / "t2"), _gateway(t1, tmp / "t1")]
+        try:
+            found = Tiers(Tier(t1, gateways[1]), Tier(t2, gateways[0]), t1.agents[1])
+            found.configure_hub()
+            yield found
+        finally:
+            for gateway in gateways:
+                gateway.stop()
+
+
+def _model(t1: Tier, job_id: str, tmp: Path) -> dict[str, np.ndarray]:
+    with t1.session() as session, (tmp / "result.zip").open("wb") as out:
+        session.download(job_id, out, result=True)
+    with zipfile.ZipFile(tmp / "result.zip") as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".npz"))
+        with np.load(io.BytesIO(archive.read(name))) as saved:
+            return {key: saved[key] for key in saved.files}
+
+
+def test_two_tier_fedavg_equals_the_flat_run_over_the_same_sites(
+        tiers: Tiers, tmp_path: Path) -> None:
+    plain, (b1, b2) = tiers.plain, tiers.t2.system.sites
+    offsets = {plain: 1.0, b1: 2.0, b2: 5.0}
+    weights = {plain: 2.0, b1: 1.0, b2: 3.0}
+    initial = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    app = site_app(tmp_path / "site-app", offsets, weights)
+    job = sag_job(tmp_path / "two-tier", app, min_clients=2, num_rounds=3, initial=initial)
+    with tiers.t1.session() as session:
+        job_id = session.submit(job).job_id
+    record = tiers.t1.system.wait_final(job_id, timeout=180)
+    assert record.status is S.FINISHED_COMPLETED, (
+        f"{record.status_reason}\n{tiers.t1.system.runner.log()}\n{tiers.hub.log()}")
+
+    expected = {"w": initial["w"].astype(np.float64)}
+    for _ in range(3):
+        expected = fedavg(expected, [plain, b1, b2], offsets, weights)
+    np.testing.assert_allclose(_model(tiers.t1, job_id, tmp_path)["w"], expected["w"],
+                               rtol=1e-6)
+
+    # The lower tier ran the job under the same id, as an operation-driven job, and ended it.
+    lower = tiers.t2.system.wait_final(job_id, timeout=60)
+    assert lower.status is S.FINISHED_COMPLETED, lower.status_reason
+    assert lower.meta.extra[HIERARCHY] == {"tier": 2, "parent_job_id": job_id,
+                                           "hub_site": tiers.hub.site}
+    with tiers.t2.session() as session:
+        rounds = session.metrics(job_id)
+    assert [r.round for r in rounds] == [0, 1, 2]
+    assert all(set(r.metrics["sites"]) == {b1, b2} for r in rounds)
+    with tiers.t1.session() as session:
+        top = session.metrics(job_id)
+    assert all(set(r.metrics["sites"]) == {plain, tiers.hub.site} for r in top)

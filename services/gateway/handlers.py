@@ -280,8 +280,9 @@ class Gateway:
         job = self._job_for(admin, Action.OPERATE, job_id)
         status = status_from_proto(job.status)
         if status is not None and status.is_final:
-            raise FailedPrecondition(f"job {job.job_id} is {status.value}: it takes no more "
-                                     "operations", field="job_id")
+            why = job.history[-1].reason if job.history else ""
+            raise FailedPrecondition(f"job {job.job_id} is {status.value} ({why[:500]}): it "
+                                     "takes no more operations", field="job_id")
         if status is not JobStatus.RUNNING:
             raise Unavailable(f"job {job.job_id} is {status.value if status else 'unknown'}: "
                               "its operations start once it runs", field="job_id")

@@ -30,6 +30,7 @@ from fedhive.resources import CheckResult, SiteResources
 from . import bundle, process
 from .config import SiteConfig
 from .hub import Hub
+from .hub_executor import ENDED_MARK
 from .records import (
     JobRecord,
     JobState,
@@ -281,13 +282,16 @@ class SiteAgent:
             if not record.state.final:
                 record = self._save(record.but(state=JobState.ABORTED,
                                                reason=reason or "aborted"))
-                if self.hub is not None and record.app_name:
-                    self.hub.abort(job_id, record.reason)
                 if record.pid:
                     killed = process.stop_group(record.pid, record.pid_started,
                                                 self.config.abort_grace_s)
                     self._log.info("site_agent.aborted", job_id=job_id, pid=record.pid,
                                    killed=killed, reason=record.reason)
+            # A hub: the lower-tier job goes too (also when the client job died before), unless
+            # the client job ended it after the run's end: this is then the runner's clean-up.
+            ended = (self._ws.app_dir(job_id) / ENDED_MARK).exists()
+            if self.hub is not None and record.app_name and not ended:
+                self.hub.abort(job_id, record.reason)
             return self._release(record)
 
     # -- client jobs' ends -----------------------------------------------------------------------

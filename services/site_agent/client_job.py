@@ -134,7 +134,7 @@ def executors_for(job: ClientJob, hub: bool, abort: threading.Event) -> Executor
     config = load_hub(job.config.site_dir)
     if config is None:
         raise ComponentError(f"--hub: {job.config.site_dir / HUB_FILE} is missing")
-    return Executors(by_task={ANY_TASK: HubExecutor(config, job.job_id, abort)})
+    return Executors(by_task={ANY_TASK: HubExecutor(config, job.job_id, abort, Path.cwd())})
 
 
 def work(job: ClientJob, bus: RabbitBus, abort: threading.Event, hub: bool = False) -> bool:

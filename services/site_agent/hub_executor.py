@@ -17,14 +17,17 @@ run through the lower tier's gateway:
    multipart uploads and returns refs to the granted keys, with the weight the result stands
    for (NUM_STEPS_CURRENT_ROUND: the sum of the lower tier's) and its contributors.
 
-When the run ends (END_RUN) the lower-tier job is ended (FINISHED:COMPLETED); when the client
-job is stopped (abort) it is aborted.
+When the run ends (END_RUN) the lower-tier job is ended (FINISHED:COMPLETED) and `ENDED_MARK`
+is left in the client job's folder, so that the agent's clean-up (the upper tier's runner
+aborts every site of a finished job) does not abort it after all; when the client job is
+stopped (abort) the lower-tier job is aborted (by the agent too, when the mark is missing).
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from fedhive.errors import FailedPrecondition, FedhiveError
@@ -38,12 +41,16 @@ from fedhive.sdk.operations import job_gone, request_for, run_until_done
 
 from .hub import HubConfig
 
+ENDED_MARK = ".hub-ended"
+
 
 class HubExecutor:
-    def __init__(self, config: HubConfig, job_id: str, abort: threading.Event) -> None:
+    def __init__(self, config: HubConfig, job_id: str, abort: threading.Event,
+                 folder: Path) -> None:
         self.config = config
         self.job_id = job_id
         self._abort = abort
+        self._mark = folder / ENDED_MARK
         self._session: Session = config.session(timeout=30.0)
 
     def execute(self, task: ExecTask) -> Dxo:
@@ -69,14 +76,17 @@ class HubExecutor:
         return dxo
 
     def finalize(self) -> None:
-        """The run is over: end the lower-tier job (aborted when this client job was)."""
+        """The run is over: end the lower-tier job (aborted when this client job was). The
+        end, once decided, is not cut short by a stop that comes meanwhile."""
         try:
             if self._abort.is_set():
                 self._abort_below("the upper tier's client job was stopped")
             elif not self._why_ended():
                 end = request_for(self.job_id, END, Dxo(DataKind.WEIGHTS), method=END)
-                run_until_done(self._run, end, read_wait=self.config.task_read_wait_time,
-                               alive=self._why_ended, sleep=self._sleep)
+                run_until_done(self._session.run_operation, end,
+                               read_wait=self.config.task_read_wait_time,
+                               alive=self._why_ended)
+                self._mark.write_text("ended\n")
         except FedhiveError:  # it ends by itself (controller_wait_time) or by the abort
             pass
         finally:

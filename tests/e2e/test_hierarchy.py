@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,17 +18,20 @@ import numpy as np
 import pytest
 
 from fedhive.config import Settings
+from fedhive.errors import NotFound
 from fedhive.jobs.status import JobStatus
 from fedhive.jobs.tiers import HIERARCHY
 from fedhive.sdk import Session
 from tests.fixtures.e2e import System, running_system
 from tests.fixtures.gateway import GatewayProcess, write_admins
-from tests.fixtures.infra import RUN_ID, S3Server, settings_for
-from tests.fixtures.site_agent import SiteAgentProcess
+from tests.fixtures.infra import RUN_ID, S3Server, settings_for, wait_for
+from tests.fixtures.site_agent import SiteAgentProcess, agent_env
 from tests.fixtures.tiers import fedavg, sag_job, site_app
 
 S = JobStatus
 ADMIN = "admin@a"
+# Tier 1's runner waits this long for a silent site: a restarted hub agent re-attaches in time.
+RESTART_TOLERANT = ("--site-ttl", "15", "--job-ttl", "15")
 
 
 @dataclass
@@ -82,7 +87,8 @@ def tiers(amqp_url: str, redis_url: str, s3_server: S3Server, test_bucket: str,
     sites2 = [f"b{RUN_ID}-1", f"b{RUN_ID}-2"]
     sites1 = [f"a{RUN_ID}-1", f"hub{RUN_ID}"]
     with running_system(settings2, tmp / "t2", sites2, schedulers=1) as t2, \
-            running_system(settings1, tmp / "t1", sites1, launched=1, schedulers=1) as t1:
+            running_system(settings1, tmp / "t1", sites1, launched=1, schedulers=1,
+                           runner_args=RESTART_TOLERANT) as t1:
         gateways = [_gateway(t2, tmp / "t2"), _gateway(t1, tmp / "t1")]
         try:
             found = Tiers(Tier(t1, gateways[1]), Tier(t2, gateways[0]), t1.agents[1])
@@ -91,6 +97,17 @@ def tiers(amqp_url: str, redis_url: str, s3_server: S3Server, test_bucket: str,
         finally:
             for gateway in gateways:
                 gateway.stop()
+
+
+def _lower_running(tiers: Tiers, job_id: str) -> None:
+    """Wait until the hub made the lower-tier job and it runs."""
+    def running() -> bool:
+        try:
+            return tiers.t2.system.job(job_id).status is S.RUNNING
+        except NotFound:
+            return False
+
+    wait_for(running, timeout=120, what=f"tier 2's job {job_id} to run")
 
 
 def _model(t1: Tier, job_id: str, tmp: Path) -> dict[str, np.ndarray]:
@@ -134,3 +151,111 @@ def test_two_tier_fedavg_equals_the_flat_run_over_the_same_sites(
     with tiers.t1.session() as session:
         top = session.metrics(job_id)
     assert all(set(r.metrics["sites"]) == {plain, tiers.hub.site} for r in top)
+
+
+def test_a_project_prefixed_relay_operator_configures_the_lower_tier_only(
+        tiers: Tiers, tmp_path: Path) -> None:
+    """`BC.train` (the lower tier's project is BC) makes tier 2 relay while tier 1 broadcasts:
+    the hub's result is the model passed through both tier-2 sites in turn."""
+    plain, (b1, b2) = tiers.plain, tiers.t2.system.sites
+    offsets = {plain: 1.0, b1: 2.0, b2: 5.0}
+    weights = {plain: 1.0, b1: 1.0, b2: 1.0}
+    tiers.configure_hub(project="BC", sites=[b1, b2])
+    try:
+        operators = {"train": {"method": "bcast", "min_targets": 2},
+                     "BC.train": {"method": "relay", "targets": [b1, b2]}}
+        job = sag_job(tmp_path / "relay", site_app(tmp_path / "app", offsets, weights),
+                      min_clients=2, num_rounds=1, initial={"w": np.zeros(4, np.float32)},
+                      operators=operators)
+        with tiers.t1.session() as session:
+            job_id = session.submit(job).job_id
+        record = tiers.t1.system.wait_final(job_id, timeout=180)
+        assert record.status is S.FINISHED_COMPLETED, record.status_reason
+    finally:
+        tiers.configure_hub()
+    # plain: 0 + 1 (weight 1); the hub: 0 + 2 + 5 in turn, weighing its two relayed steps (2)
+    expected = (1.0 * 1 + 7.0 * 2) / 3
+    np.testing.assert_allclose(_model(tiers.t1, job_id, tmp_path)["w"], np.full(4, expected),
+                               rtol=1e-6)
+
+
+def test_an_abort_at_the_root_stops_the_lower_tier(tiers: Tiers, tmp_path: Path) -> None:
+    plain, (b1, b2) = tiers.plain, tiers.t2.system.sites
+    app = site_app(tmp_path / "app", dict.fromkeys([plain, b1, b2], 1.0),
+                   dict.fromkeys([plain, b1, b2], 1.0), seconds=2.0)
+    job = sag_job(tmp_path / "slow", app, min_clients=2, num_rounds=50,
+                  initial={"w": np.zeros(2, np.float32)})
+    with tiers.t1.session() as session:
+        job_id = session.submit(job).job_id
+        _lower_running(tiers, job_id)
+        session.abort(job_id, "enough")
+    assert tiers.t1.system.wait_final(job_id, timeout=60).status is S.FINISHED_ABORTED
+    lower = tiers.t2.system.wait_final(job_id, timeout=60)
+    assert lower.status is S.FINISHED_ABORTED
+    assert "the upper tier aborted it" in lower.status_reason
+    wait_for(lambda: tiers.t2.system.freed(job_id), timeout=60, what="tier 2 sites freed")
+
+
+def test_a_lower_tier_that_cannot_schedule_the_job_fails_its_task_with_its_reason(
+        tiers: Tiers, tmp_path: Path) -> None:
+    plain, (b1, b2) = tiers.plain, tiers.t2.system.sites
+    tiers.configure_hub(resource_spec={b1: {"num_of_gpus": 64}})
+    try:
+        app = site_app(tmp_path / "app", dict.fromkeys([plain, b1, b2], 1.0),
+                       dict.fromkeys([plain, b1, b2], 1.0))
+        job = sag_job(tmp_path / "greedy", app, min_clients=2, num_rounds=1,
+                      initial={"w": np.zeros(2, np.float32)})
+        with tiers.t1.session() as session:
+            job_id = session.submit(job).job_id
+        record = tiers.t1.system.wait_final(job_id, timeout=120)
+    finally:
+        tiers.configure_hub()
+    assert record.status is S.FINISHED_EXECUTION_EXCEPTION, record.status_reason
+    assert f"the result of {tiers.hub.site} is an error" in record.status_reason
+    assert f"job {job_id} is FINISHED:CAN_NOT_SCHEDULE" in record.status_reason
+    assert "gpu" in record.status_reason.lower()
+
+
+def test_a_hub_agent_killed_mid_job_reattaches_and_the_job_completes_once(
+        tiers: Tiers, tmp_path: Path) -> None:
+    plain, (b1, b2) = tiers.plain, tiers.t2.system.sites
+    app = site_app(tmp_path / "app", dict.fromkeys([plain, b1, b2], 1.0),
+                   dict.fromkeys([plain, b1, b2], 1.0), seconds=1.0)
+    job = sag_job(tmp_path / "restart", app, min_clients=2, num_rounds=4,
+                  initial={"w": np.zeros(2, np.float32)})
+    with tiers.t1.session() as session:
+        job_id = session.submit(job).job_id
+        _lower_running(tiers, job_id)
+        tiers.hub.kill()
+        tiers.hub.launch()
+        record = tiers.t1.system.wait_final(job_id, timeout=180)
+        assert record.status is S.FINISHED_COMPLETED, record.status_reason
+    with tiers.t2.session() as session:
+        made = [job for job in session.list() if job.meta.extra.get(HIERARCHY, {})
+                .get("parent_job_id") == job_id]
+    assert [job.job_id for job in made] == [job_id]
+    assert tiers.t2.system.wait_final(job_id, timeout=60).status is S.FINISHED_COMPLETED
+    np.testing.assert_allclose(_model(tiers.t1, job_id, tmp_path)["w"], np.full(2, 4.0))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"gateway": "127.0.0.1:1"}, "the lower tier's gateway 127.0.0.1:1"),
+    ({"token_file": "wrong-token"}, "the lower tier's gateway"),
+    ({"sites": ["no-such-site"]}, "the lower tier has no site 'no-such-site'"),
+])
+def test_a_bad_hub_configuration_stops_the_agent_at_start_with_one_line(
+        tiers: Tiers, tmp_path: Path, change: dict[str, object], message: str) -> None:
+    site_dir = tmp_path / "hub-site"
+    (site_dir / "local").mkdir(parents=True)
+    for name in ("site.json", "resources.json"):
+        (site_dir / "local" / name).write_text((tiers.hub.site_dir / "local" / name).read_text())
+    (site_dir / "local" / "t2-token").write_text(tiers.t2.gateway.admins.tokens[ADMIN])
+    (site_dir / "local" / "wrong-token").write_text("not-a-token")
+    config = {"gateway": tiers.t2.gateway.address, "token_file": "t2-token", **change}
+    (site_dir / "local" / "hub.json").write_text(json.dumps(config))
+    done = subprocess.run(
+        [sys.executable, "-m", "fedhive_services.site_agent.main", "run", "--site-dir",
+         str(site_dir)], capture_output=True, text=True, timeout=60, env=agent_env())
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr

@@ -5,11 +5,9 @@ site agents. Tier 1 has an ordinary site and a hub site whose lower tier is tier
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,29 +16,26 @@ import numpy as np
 import pytest
 
 from fedhive.config import Settings
-from fedhive.errors import NotFound
 from fedhive.jobs.status import JobStatus
 from fedhive.jobs.tiers import HIERARCHY
-from fedhive.sdk import Session
-from tests.fixtures.e2e import System, running_system
-from tests.fixtures.gateway import GatewayProcess, write_admins
+from tests.fixtures.e2e import running_system
 from tests.fixtures.infra import RUN_ID, S3Server, settings_for, wait_for
 from tests.fixtures.site_agent import SiteAgentProcess, agent_env
-from tests.fixtures.tiers import fedavg, sag_job, site_app
+from tests.fixtures.tiers import (
+    ADMIN,
+    Tier,
+    configure_hub,
+    fedavg,
+    lower_running,
+    model_of,
+    sag_job,
+    site_app,
+    start_gateway,
+)
 
 S = JobStatus
-ADMIN = "admin@a"
 # Tier 1's runner waits this long for a silent site: a restarted hub agent re-attaches in time.
 RESTART_TOLERANT = ("--site-ttl", "15", "--job-ttl", "15")
-
-
-@dataclass
-class Tier:
-    system: System
-    gateway: GatewayProcess
-
-    def session(self) -> Session:
-        return self.gateway.session(ADMIN)
 
 
 @dataclass
@@ -54,24 +49,7 @@ class Tiers:
         return self.t1.system.sites[0]
 
     def configure_hub(self, **fields: object) -> None:
-        """Rewrite the hub's local/hub.json (restarting its agent when it runs)."""
-        local = self.hub.site_dir / "local"
-        (local / "t2-token").write_text(self.t2.gateway.admins.tokens[ADMIN])
-        config = {"gateway": self.t2.gateway.address, "token_file": "t2-token",
-                  "task_read_wait_time": 60, **fields}
-        (local / "hub.json").write_text(json.dumps(config))
-        if self.hub.proc is not None and self.hub.proc.poll() is None:
-            self.hub.stop()
-        self.hub.launch()
-        self.t1.system.wait_online(self.hub.site)
-
-
-def _gateway(system: System, tmp: Path) -> GatewayProcess:
-    gateway = GatewayProcess(system.settings, write_admins(tmp / "admins.json"),
-                             tmp / "gateway.log")
-    gateway.start()
-    gateway.wait_ready()
-    return gateway
+        configure_hub(self.hub, self.t1.system, self.t2, **fields)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +67,7 @@ def tiers(amqp_url: str, redis_url: str, s3_server: S3Server, test_bucket: str,
     with running_system(settings2, tmp / "t2", sites2, schedulers=1) as t2, \
             running_system(settings1, tmp / "t1", sites1, launched=1, schedulers=1,
                            runner_args=RESTART_TOLERANT) as t1:
-        gateways = [_gateway(t2, tmp / "t2"), _gateway(t1, tmp / "t1")]
+        gateways = [start_gateway(t2, tmp / "t2"), start_gateway(t1, tmp / "t1")]
         try:
             found = Tiers(Tier(t1, gateways[1]), Tier(t2, gateways[0]), t1.agents[1])
             found.configure_hub()
@@ -97,26 +75,6 @@ def tiers(amqp_url: str, redis_url: str, s3_server: S3Server, test_bucket: str,
         finally:
             for gateway in gateways:
                 gateway.stop()
-
-
-def _lower_running(tiers: Tiers, job_id: str) -> None:
-    """Wait until the hub made the lower-tier job and it runs."""
-    def running() -> bool:
-        try:
-            return tiers.t2.system.job(job_id).status is S.RUNNING
-        except NotFound:
-            return False
-
-    wait_for(running, timeout=120, what=f"tier 2's job {job_id} to run")
-
-
-def _model(t1: Tier, job_id: str, tmp: Path) -> dict[str, np.ndarray]:
-    with t1.session() as session, (tmp / "result.zip").open("wb") as out:
-        session.download(job_id, out, result=True)
-    with zipfile.ZipFile(tmp / "result.zip") as archive:
-        name = next(n for n in archive.namelist() if n.endswith(".npz"))
-        with np.load(io.BytesIO(archive.read(name))) as saved:
-            return {key: saved[key] for key in saved.files}
 
 
 def test_two_tier_fedavg_equals_the_flat_run_over_the_same_sites(
@@ -136,7 +94,7 @@ def test_two_tier_fedavg_equals_the_flat_run_over_the_same_sites(
     expected = {"w": initial["w"].astype(np.float64)}
     for _ in range(3):
         expected = fedavg(expected, [plain, b1, b2], offsets, weights)
-    np.testing.assert_allclose(_model(tiers.t1, job_id, tmp_path)["w"], expected["w"],
+    np.testing.assert_allclose(model_of(tiers.t1, job_id, tmp_path)["w"], expected["w"],
                                rtol=1e-6)
 
     # The lower tier ran the job under the same id, as an operation-driven job, and ended it.
@@ -175,7 +133,7 @@ def test_a_project_prefixed_relay_operator_configures_the_lower_tier_only(
         tiers.configure_hub()
     # plain: 0 + 1 (weight 1); the hub: 0 + 2 + 5 in turn, weighing its two relayed steps (2)
     expected = (1.0 * 1 + 7.0 * 2) / 3
-    np.testing.assert_allclose(_model(tiers.t1, job_id, tmp_path)["w"], np.full(4, expected),
+    np.testing.assert_allclose(model_of(tiers.t1, job_id, tmp_path)["w"], np.full(4, expected),
                                rtol=1e-6)
 
 
@@ -187,7 +145,7 @@ def test_an_abort_at_the_root_stops_the_lower_tier(tiers: Tiers, tmp_path: Path)
                   initial={"w": np.zeros(2, np.float32)})
     with tiers.t1.session() as session:
         job_id = session.submit(job).job_id
-        _lower_running(tiers, job_id)
+        lower_running(tiers.t2, job_id)
         session.abort(job_id, "enough")
     assert tiers.t1.system.wait_final(job_id, timeout=60).status is S.FINISHED_ABORTED
     lower = tiers.t2.system.wait_final(job_id, timeout=60)
@@ -225,7 +183,7 @@ def test_a_hub_agent_killed_mid_job_reattaches_and_the_job_completes_once(
                   initial={"w": np.zeros(2, np.float32)})
     with tiers.t1.session() as session:
         job_id = session.submit(job).job_id
-        _lower_running(tiers, job_id)
+        lower_running(tiers.t2, job_id)
         tiers.hub.kill()
         tiers.hub.launch()
         record = tiers.t1.system.wait_final(job_id, timeout=180)
@@ -235,7 +193,7 @@ def test_a_hub_agent_killed_mid_job_reattaches_and_the_job_completes_once(
                 .get("parent_job_id") == job_id]
     assert [job.job_id for job in made] == [job_id]
     assert tiers.t2.system.wait_final(job_id, timeout=60).status is S.FINISHED_COMPLETED
-    np.testing.assert_allclose(_model(tiers.t1, job_id, tmp_path)["w"], np.full(2, 4.0))
+    np.testing.assert_allclose(model_of(tiers.t1, job_id, tmp_path)["w"], np.full(2, 4.0))
 
 
 @pytest.mark.parametrize("change, message", [

@@ -101,7 +101,7 @@ class Operations:
     def close(self, reason: str) -> None:
         """No more operations: queued ones fail with `reason`, later ones are refused."""
         with self._cond:
-            self._closed = reason
+            self._closed = reason or "the job's operations ended"
             queued, self._queue = list(self._queue), deque()
         for call in queued:
             self.fail(call, reason)

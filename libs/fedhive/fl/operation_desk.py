@@ -16,6 +16,7 @@ the task server takes them from no one else) for an admin it authorised to manag
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fedhive.blobs import (
@@ -25,6 +26,7 @@ from fedhive.blobs import (
     PresignedUploader,
     PresignedUrl,
     TensorCodec,
+    TensorRef,
 )
 from fedhive.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from fedhive.fl.dxo import DataKind, Dxo, dxo_from_proto, dxo_to_proto
@@ -72,13 +74,32 @@ class OperationDesk:
         if call.error or call.result is None:
             return _R(state=_R.STATE_FAILED, error=call.error, contributions=contributions)
         reply = _R(state=_R.STATE_DONE, contributions=contributions)
-        dxo_to_proto(call.result, lambda arrays: self._codec.pack(arrays, self.ctx.tensor_prefix),
+        dxo_to_proto(self._inlined(call.result),
+                     lambda arrays: self._codec.pack(arrays, self.ctx.tensor_prefix),
                      into=reply.result)
         for ref in reply.result.tensors:
             if ref.key and not self.ctx.is_foreign(ref.key):
                 url = self._store.presign_get(ref.key, self._url_ttl_s)
                 ref.url, ref.url_expires_at_ms = url.url, url.expires_at_ms
         return reply
+
+    def _inlined(self, result: Dxo) -> Dxo:
+        """`result` with its small stored tensors inline (up to the codec's threshold and
+        budget, as task data is): the caller (a hub passing them up) then needs no grants,
+        copies or URLs for them; what is larger stays a ref."""
+        budget = self._codec.inline_budget
+        data: dict[str, Any] = {}
+        for name, value in result.data.items():
+            if isinstance(value, TensorRef) and not value.is_inline \
+                    and not self.ctx.is_foreign(value.key) \
+                    and value.length <= min(self._codec.inline_threshold, budget):
+                body = memoryview(bytearray(value.length))
+                self._store.read_into(value.key, body, value.offset)
+                value = replace(value, key="", url="", url_expires_at_ms=0, offset=0,
+                                inline_data=bytes(body))
+                budget -= value.length
+            data[name] = value
+        return Dxo(result.data_kind, data, result.meta)
 
     def export(self, message: operation_pb2.ExportRequest) -> operation_pb2.ExportReply:
         inbox = self.ctx.operations

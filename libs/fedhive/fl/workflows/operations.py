@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedhive.blobs import TensorRef
 from fedhive.errors import FedhiveError, InvalidArgument, WorkflowFailed
 from fedhive.fl.aggregators import Aggregator, InTimeAccumulateWeightedAggregator
 from fedhive.fl.arguments import check_str
@@ -133,10 +134,10 @@ class OperationController(BaseWorkflow):
             log.warning("operation.failed", error=str(err), errors=outcome.errors)
             self.inbox.fail(call, str(err), outcome.contributions())
             return
+        self.inbox.finish(call, result, outcome.contributions())  # the caller waits for it
+        log.info("operation.done", sites=sorted(outcome.results), errors=outcome.errors)
         self.end_round(result)  # what earlier operations left, and this one's site results
         self._report(call, outcome)
-        log.info("operation.done", sites=sorted(outcome.results), errors=outcome.errors)
-        self.inbox.finish(call, result, outcome.contributions())
 
     def _bcast(self, call: Call, op: Operation, targets: list[str], outcome: _Outcome) -> Dxo:
         aggregator = self.find("aggregator", op.aggregator, Aggregator) if op.aggregator \
@@ -158,7 +159,7 @@ class OperationController(BaseWorkflow):
                 outcome.errors[site] = why
         if not outcome.results:
             raise WorkflowFailed(f"no result could be aggregated ({_why(task, outcome)})")
-        model = self.models.as_refs(aggregate)
+        model = self._packed(aggregate)
         model.meta.update(self._summary(outcome))
         return model
 
@@ -212,6 +213,17 @@ class OperationController(BaseWorkflow):
         client_task.task.data = dxo  # the next target's turn carries it
 
     # helpers ------------------------------------------------------------------------------
+    def _packed(self, dxo: Dxo) -> Dxo:
+        """`dxo` with its arrays as refs, the way task data goes: small ones inline (no
+        object to write, read back and copy up), the others stored as this job's objects."""
+        assert self.ctx.codec is not None  # checked by prepare
+        arrays = {name: value for name, value in dxo.data.items()
+                  if not isinstance(value, TensorRef)}
+        packed = {ref.name: ref for ref in self.ctx.codec.pack(arrays, self.ctx.tensor_prefix)} \
+            if arrays else {}
+        return Dxo(dxo.data_kind, {name: packed.get(name, value)
+                                   for name, value in dxo.data.items()}, dict(dxo.meta))
+
     def _check_ended(self, task: Task) -> None:
         if self.aborted:
             raise WorkflowFailed("the job was aborted")

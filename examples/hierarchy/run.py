@@ -1,6 +1,6 @@
 """Two tiers of fedhive on this machine, and hello-numpy FedAvg across both.
 
-    python examples/hierarchy/run.py [--dir DIR] [--keep]
+    python examples/hierarchy/run.py [--dir DIR] [--keep] [--ports 50061 50062]
 
 1. starts tier 2: a POC with sites t2-site-1 and t2-site-2 (gateway 127.0.0.1:50062);
 2. starts tier 1: a POC with t1-site-1, an ordinary site, and t1-site-2, a hub site whose
@@ -33,18 +33,19 @@ JOB = Path(__file__).resolve().parent / "job"
 HUB = "t1-site-2"  # the hub site of tier 1
 
 
-def start_tiers(root: Path, settings: Settings) -> tuple[Started, Started]:
+def start_tiers(root: Path, settings: Settings, ports: tuple[int, int]
+                ) -> tuple[Started, Started]:
     say = lambda line: print(f"  {line}", flush=True)  # noqa: E731
     print("tier 2: two sites", flush=True)
     lower = start_poc(PocOptions(root=root / "tier-2", sites=2, site_prefix="t2-site-",
-                                 namespace="hier-t2", port=50062), settings, say)
+                                 namespace="hier-t2", port=ports[1]), settings, say)
     hub = {"gateway": lower.state.gateway, "token_file": "tier-2-token",
            "task_read_wait_time": 120}
     print("tier 1: one site and a hub site for tier 2", flush=True)
     try:
         upper = start_poc(PocOptions(
             root=root / "tier-1", sites=2, site_prefix="t1-site-", namespace="hier-t1",
-            port=50061, site_files={HUB: {"hub.json": json.dumps(hub),
+            port=ports[0], site_files={HUB: {"hub.json": json.dumps(hub),
                                           "tier-2-token": lower.token}}), settings, say)
     except BaseException:
         stop_poc(lower.layout, settings, ("rabbitmqctl",))
@@ -67,9 +68,9 @@ def show_rounds(upper: Session, lower: Session, job_id: str, shown: int) -> int:
     return len(top)
 
 
-def run(root: Path, keep: bool) -> int:
+def run(root: Path, keep: bool, ports: tuple[int, int]) -> int:
     settings = Settings.from_env()
-    lower, upper = start_tiers(root, settings)
+    lower, upper = start_tiers(root, settings, ports)
     try:
         with Session(upper.state.gateway, upper.token) as top, \
                 Session(lower.state.gateway, lower.token) as below:
@@ -101,9 +102,11 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path.home() / ".fedhive" / "hierarchy",
                         help="where the two POCs live (tier-1/, tier-2/)")
     parser.add_argument("--keep", action="store_true", help="leave both tiers running")
+    parser.add_argument("--ports", type=int, nargs=2, default=(50061, 50062),
+                        metavar=("TIER1", "TIER2"), help="the two gateways' ports")
     args = parser.parse_args()
     try:
-        sys.exit(run(args.dir, args.keep))
+        sys.exit(run(args.dir, args.keep, tuple(args.ports)))
     except FedhiveError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

@@ -217,3 +217,22 @@ def test_demo_runs_both_examples_and_stops_everything(poc: Poc, tmp_path: Path) 
     assert leftovers(poc.root.resolve()) == []
     assert not (poc.root / "state.json").exists()
     assert not set(poc.users) & broker_users()
+
+
+def test_the_hierarchy_example_runs_across_two_tiers_and_stops_both(
+        tmp_path: Path, amqp_url: str, redis_url: str, request: pytest.FixtureRequest) -> None:
+    """`python examples/hierarchy/run.py` (the README's command): two POCs, hello-numpy across
+    both tiers, each round's contributions per tier printed, everything stopped."""
+    s3 = request.getfixturevalue("s3_server") if weed_binary() is None else None
+    bucket = request.getfixturevalue("test_bucket") if s3 is not None else ""
+    root = tmp_path / "hierarchy"
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "hierarchy" / "run.py"), "--dir", str(root), "--ports",
+         *map(str, free_ports(2))], env=_env(amqp_url, redis_url, s3, bucket),
+        capture_output=True, text=True, timeout=280, check=False)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    for line in ("round 3/3", "tier 1 t1-site-1", "tier 1 t1-site-2", "tier 2 t2-site-1",
+                 "tier 2 t2-site-2", "tier 1: FINISHED:COMPLETED", '"parent_job_id"',
+                 "both tiers stopped"):
+        assert line in done.stdout, done.stdout[-3000:]
+    assert leftovers(root.resolve()) == []

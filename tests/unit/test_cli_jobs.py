@@ -19,6 +19,7 @@ from fedhive.cli.render import iso, job_json
 from fedhive.errors import ConfigError
 from fedhive.jobs.record import JobMeta, JobRecord, StatusChange, Submitter
 from fedhive.jobs.status import JobStatus
+from fedhive.jobs.tiers import hierarchy_meta
 
 runner = CliRunner()
 UNREACHABLE = "127.0.0.1:9"  # discard port: nothing listens
@@ -144,14 +145,17 @@ def test_job_json_schema() -> None:
         "id", "name", "status", "status_reason", "submitter", "org", "role", "submit_time",
         "start_time", "end_time", "duration_s", "schedule_count", "last_schedule_time",
         "next_schedule_time", "sites", "failed_sites", "deploy_map", "resource_spec",
-        "min_clients", "mandatory_clients", "cloned_from", "resumed_from", "pending_reason",
-        "site_states", "history",
+        "min_clients", "mandatory_clients", "cloned_from", "resumed_from", "parent",
+        "pending_reason", "site_states", "history",
     ]
     assert values["status"] == "RUNNING" and values["status_reason"] == "started"
     assert values["submit_time"] == "2023-11-14T22:13:20.000Z"
     assert values["end_time"] is None and values["duration_s"] == 10.5
     assert values["cloned_from"] == "j0" and values["resumed_from"] is None
     assert job_json(replace(record, resumed_from="j-old"), 0)["resumed_from"] == "j-old"
+    assert values["parent"] is None
+    child = replace(record, meta=replace(record.meta, extra=hierarchy_meta(3, "j1", "hub-a")))
+    assert job_json(child, 0)["parent"] == {"tier": 2, "job_id": "j1", "hub_site": "hub-a"}
     assert values["history"][0] == {"from": None, "to": "SUBMITTED", "reason": "submitted",
                                     "at": "2023-11-14T22:13:20.000Z"}
     json.dumps(values)  # JSON-able as is

@@ -81,6 +81,13 @@ def test_example_passes_the_job_validator(name: str) -> None:
     assert job.byoc  # the trainers are the job's own custom/ code
 
 
+def test_the_hierarchy_example_job_validates_with_its_operators() -> None:
+    job = load_job(EXAMPLES / "hierarchy" / "job")
+    server = job.configs["app"].server
+    assert server is not None and server["operators"]["train"]["method"] == "bcast"
+    assert job.meta.min_clients == 2 and job.deploys_to_all
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_example_builds_its_site_executors_and_server_app(name: str) -> None:
     with _app(name) as app:

@@ -152,11 +152,19 @@ def run_until_done(send: Callable[[operation_pb2.OperationRequest], _R],
         if wait is not None and time.monotonic() - started > wait:
             raise FailedPrecondition(f"operation {request.task_name!r} did not finish within "
                                      f"{wait:g} s (task_wait_time)", field="op_id")
-        why = alive() if alive is not None else ""
+        why = _ended(alive)
         if why:
             raise FailedPrecondition(f"operation {request.task_name!r}: {why}", field="job_id")
         if reply is None:
             sleep(0.5)
+
+
+def _ended(alive: Callable[[], str] | None) -> str:
+    """`alive()`, a gateway that does not answer for a moment taken as "not ended"."""
+    try:
+        return alive() if alive is not None else ""
+    except (Unavailable, RpcTimeout):
+        return ""
 
 
 def job_gone(status: str, reason: str) -> str:

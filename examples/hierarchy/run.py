@@ -5,8 +5,9 @@
 1. starts tier 2: a POC with sites t2-site-1 and t2-site-2 (gateway 127.0.0.1:50062);
 2. starts tier 1: a POC with t1-site-1, an ordinary site, and t1-site-2, a hub site whose
    local/hub.json names tier 2's gateway and holds a tier-2 admin token (gateway :50061);
-3. submits examples/hierarchy/job to tier 1 (ScatterAndGather, 3 rounds; its `operators`
-   tell tier 2 how to run `train`: bcast, weighted average) and prints, for every round, what
+3. submits examples/hello-numpy to tier 1 with an `operators` section added to its server
+   config (`hierarchy_job`: tier 2 runs `train` as a bcast to both its sites, averaged by the
+   job's weighted aggregator) and prints, for every round, what
    each tier-1 site contributed and, under the hub, what each tier-2 site did (tier 2 ran the
    job under the same id: `fedhive job ID` on tier 2 names its parent);
 4. stops both POCs (unless --keep: then both stay up, with the commands to reach them).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,8 +31,25 @@ from fedhive.poc.start import PocOptions, Started, start_poc
 from fedhive.poc.stop import stop_poc
 from fedhive.sdk import Session
 
-JOB = Path(__file__).resolve().parent / "job"
+EXAMPLES = Path(__file__).resolve().parents[1]
+# How tier 2 runs tier 1's `train` task: every site (min_targets 2), the job's aggregator.
+OPERATORS = {"train": {"method": "bcast", "aggregator": "aggregator", "min_targets": 2,
+                       "wait_time_after_min_received": 0, "timeout": 600}}
 HUB = "t1-site-2"  # the hub site of tier 1
+
+
+def hierarchy_job(folder: Path) -> Path:
+    """examples/hello-numpy with `OPERATORS` in its server config, in `folder`."""
+    shutil.copytree(EXAMPLES / "hello-numpy", folder, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    config_file = folder / "app" / "config" / "config_fed_server.json"
+    config = json.loads(config_file.read_text())
+    config["operators"] = OPERATORS
+    config_file.write_text(json.dumps(config, indent=2))
+    meta_file = folder / "meta.json"
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()),
+                                     "name": "hello-hierarchy"}, indent=2))
+    return folder
 
 
 def start_tiers(root: Path, settings: Settings, ports: tuple[int, int]
@@ -74,7 +93,7 @@ def run(root: Path, keep: bool, ports: tuple[int, int]) -> int:
     try:
         with Session(upper.state.gateway, upper.token) as top, \
                 Session(lower.state.gateway, lower.token) as below:
-            job_id = top.submit(JOB).job_id
+            job_id = top.submit(hierarchy_job(root / "job")).job_id
             print(f"job {job_id} submitted to tier 1", flush=True)
             shown = 0
             while not (record := top.get(job_id)).status.is_final:

@@ -51,6 +51,14 @@ class Tiers:
     def configure_hub(self, **fields: object) -> None:
         configure_hub(self.hub, self.t1.system, self.t2, **fields)
 
+    def uniform_job(self, tmp: Path, name: str, rounds: int, seconds: float = 0.0) -> Path:
+        """A job whose sites (both tiers') each add 1 and weigh 1, taking `seconds`."""
+        sites = [self.plain, *self.t2.system.sites]
+        app = site_app(tmp / "app", dict.fromkeys(sites, 1.0), dict.fromkeys(sites, 1.0),
+                       seconds=seconds)
+        return sag_job(tmp / name, app, min_clients=2, num_rounds=rounds,
+                       initial={"w": np.zeros(2, np.float32)})
+
 
 @pytest.fixture(scope="module")
 def tiers(amqp_url: str, redis_url: str, s3_server: S3Server, test_bucket: str,
@@ -138,11 +146,7 @@ def test_a_project_prefixed_relay_operator_configures_the_lower_tier_only(
 
 
 def test_an_abort_at_the_root_stops_the_lower_tier(tiers: Tiers, tmp_path: Path) -> None:
-    plain, (b1, b2) = tiers.plain, tiers.t2.system.sites
-    app = site_app(tmp_path / "app", dict.fromkeys([plain, b1, b2], 1.0),
-                   dict.fromkeys([plain, b1, b2], 1.0), seconds=2.0)
-    job = sag_job(tmp_path / "slow", app, min_clients=2, num_rounds=50,
-                  initial={"w": np.zeros(2, np.float32)})
+    job = tiers.uniform_job(tmp_path, "slow", rounds=50, seconds=2.0)
     with tiers.t1.session() as session:
         job_id = session.submit(job).job_id
         lower_running(tiers.t2, job_id)
@@ -156,13 +160,9 @@ def test_an_abort_at_the_root_stops_the_lower_tier(tiers: Tiers, tmp_path: Path)
 
 def test_a_lower_tier_that_cannot_schedule_the_job_fails_its_task_with_its_reason(
         tiers: Tiers, tmp_path: Path) -> None:
-    plain, (b1, b2) = tiers.plain, tiers.t2.system.sites
-    tiers.configure_hub(resource_spec={b1: {"num_of_gpus": 64}})
+    tiers.configure_hub(resource_spec={tiers.t2.system.sites[0]: {"num_of_gpus": 64}})
     try:
-        app = site_app(tmp_path / "app", dict.fromkeys([plain, b1, b2], 1.0),
-                       dict.fromkeys([plain, b1, b2], 1.0))
-        job = sag_job(tmp_path / "greedy", app, min_clients=2, num_rounds=1,
-                      initial={"w": np.zeros(2, np.float32)})
+        job = tiers.uniform_job(tmp_path, "greedy", rounds=1)
         with tiers.t1.session() as session:
             job_id = session.submit(job).job_id
         record = tiers.t1.system.wait_final(job_id, timeout=120)
@@ -176,11 +176,7 @@ def test_a_lower_tier_that_cannot_schedule_the_job_fails_its_task_with_its_reaso
 
 def test_a_hub_agent_killed_mid_job_reattaches_and_the_job_completes_once(
         tiers: Tiers, tmp_path: Path) -> None:
-    plain, (b1, b2) = tiers.plain, tiers.t2.system.sites
-    app = site_app(tmp_path / "app", dict.fromkeys([plain, b1, b2], 1.0),
-                   dict.fromkeys([plain, b1, b2], 1.0), seconds=1.0)
-    job = sag_job(tmp_path / "restart", app, min_clients=2, num_rounds=4,
-                  initial={"w": np.zeros(2, np.float32)})
+    job = tiers.uniform_job(tmp_path, "restart", rounds=4, seconds=1.0)
     with tiers.t1.session() as session:
         job_id = session.submit(job).job_id
         lower_running(tiers.t2, job_id)

@@ -5,6 +5,7 @@ hello-pt's trainer, under FedAvg with the example's own settings, reaches the ac
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import threading
@@ -81,11 +82,15 @@ def test_example_passes_the_job_validator(name: str) -> None:
     assert job.byoc  # the trainers are the job's own custom/ code
 
 
-def test_the_hierarchy_example_job_validates_with_its_operators() -> None:
-    job = load_job(EXAMPLES / "hierarchy" / "job")
+def test_the_hierarchy_example_job_validates_with_its_operators(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("hierarchy_run", EXAMPLES / "hierarchy/run.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    job = load_job(script.hierarchy_job(tmp_path / "job"))
     server = job.configs["app"].server
-    assert server is not None and server["operators"]["train"]["method"] == "bcast"
-    assert job.meta.min_clients == 2 and job.deploys_to_all
+    assert server is not None and server["operators"] == script.OPERATORS
+    assert job.meta.name == "hello-hierarchy" and job.meta.min_clients == 2
 
 
 @pytest.mark.parametrize("name", NAMES)

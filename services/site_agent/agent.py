@@ -16,7 +16,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -29,8 +29,7 @@ from fedhive.resources import CheckResult, SiteResources
 
 from . import bundle, process
 from .config import SiteConfig
-from .hub import Hub
-from .hub_executor import ENDED_MARK
+from .hub_config import ENDED_MARK
 from .records import (
     JobRecord,
     JobState,
@@ -40,6 +39,9 @@ from .records import (
     now_ms,
     one_line,
 )
+
+if TYPE_CHECKING:
+    from .hub import Hub
 
 log = structlog.get_logger()
 

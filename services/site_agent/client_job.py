@@ -53,8 +53,7 @@ from fedhive.sites.heartbeat import JobHeartbeat
 from fedhive.sites.serde import job_heartbeat_to_proto
 
 from .config import SiteConfig, agent_settings, load_site
-from .hub import HUB_FILE, load_hub
-from .hub_executor import HubExecutor
+from .hub_config import HUB_FILE, load_hub
 from .records import LastWords, Workspace, check_job_id, now_ms, one_line, write_json
 
 # WorkerExit may go out while the server job is still starting (its queue not there yet).
@@ -134,6 +133,8 @@ def executors_for(job: ClientJob, hub: bool, abort: threading.Event) -> Executor
     config = load_hub(job.config.site_dir)
     if config is None:
         raise ComponentError(f"--hub: {job.config.site_dir / HUB_FILE} is missing")
+    from .hub_executor import HubExecutor  # gRPC and the SDK: loaded at hub sites only
+
     return Executors(by_task={ANY_TASK: HubExecutor(config, job.job_id, abort, Path.cwd())})
 
 

@@ -31,17 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from fedhive.errors import FailedPrecondition, FedhiveError
-from fedhive.fl.dxo import DataKind, Dxo
+from fedhive.fl.dxo import Dxo
 from fedhive.fl.executor import ExecTask, TaskError
-from fedhive.fl.operations import END
 from fedhive.fl.tasks import ReturnCode
 from fedhive.proto.v1 import operation_pb2
 from fedhive.sdk import Session
-from fedhive.sdk.operations import job_gone, request_for, run_until_done
+from fedhive.sdk.operations import end_request, job_gone, request_for, run_until_done
 
-from .hub import HubConfig
-
-ENDED_MARK = ".hub-ended"
+from .hub_config import ENDED_MARK, HubConfig
 
 
 class HubExecutor:
@@ -82,8 +79,7 @@ class HubExecutor:
             if self._abort.is_set():
                 self._abort_below("the upper tier's client job was stopped")
             elif not self._why_ended():
-                end = request_for(self.job_id, END, Dxo(DataKind.WEIGHTS), method=END)
-                run_until_done(self._session.run_operation, end,
+                run_until_done(self._session.run_operation, end_request(self.job_id),
                                read_wait=self.config.task_read_wait_time,
                                alive=self._why_ended)
                 self._mark.write_text("ended\n")

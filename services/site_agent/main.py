@@ -32,7 +32,7 @@ from .agent import SiteAgent
 from .config import agent_settings, load_site, load_site_resources
 from .handlers import ACCEPTS, make_handler
 from .heartbeat import EndedNotices, Heartbeats
-from .hub import Hub, load_hub
+from .hub_config import load_hub
 from .records import AgentInfo, Workspace, now_ms
 from .status import render, site_status
 
@@ -89,8 +89,11 @@ def build_agent(site_dir: Path, settings: Settings, log: Any) -> RunningAgent:
     resources = load_site_resources(config)
     workspace = Workspace(config.workspace)
     hub_config = load_hub(config.site_dir)
-    hub = Hub(hub_config, config.site) if hub_config is not None else None
-    if hub is not None:
+    hub = None
+    if hub_config is not None:
+        from .hub import Hub  # gRPC and the SDK: loaded by hub sites only
+
+        hub = Hub(hub_config, config.site)
         try:
             hub.verify()
         except BaseException:

@@ -12,6 +12,7 @@ import pytest
 
 from fedhive.errors import FailedPrecondition, InvalidArgument
 from fedhive.jobs.status import JobStatus
+from fedhive.proto.v1 import operation_pb2
 from fedhive.sdk import Session
 from fedhive.sdk.operations import operation_job
 from tests.fixtures.e2e import System
@@ -52,6 +53,11 @@ def test_three_rounds_of_fedavg_driven_from_a_test_process(
         assert result.weight == 4.0
         assert set(result.contributions) == set(sites)
         assert result.contributions[sites[1]]["weight"] == 3.0
+    # A manager of the job cannot make its server job send a result anywhere but an S3 URL.
+    bad = operation_pb2.ExportRequest(job_id=job_id, op_id=result.op_id)
+    bad.targets.add(name="w", url="http://169.254.169.254/latest/api/token")
+    with pytest.raises(InvalidArgument, match="not an http"):
+        session.export_operation(bad)
     session.end_operation_job(job_id)
     record = e2e_system.wait_final(job_id)
     assert record.status is S.FINISHED_COMPLETED, record.status_reason

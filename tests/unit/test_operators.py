@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from fedhive.errors import InvalidArgument
-from fedhive.fl.operators import (
+from fedhive.jobs.operators import (
     BCAST,
     RELAY,
     Operation,

@@ -10,14 +10,17 @@ the task server takes them from no one else) for an admin it authorised to manag
 * `ExportRequest`: the non-inline tensors of a finished operation's result, copied from this
   job's store to presigned targets an upper tier granted (its hub site relays them): single
   PUTs (write-once when so signed) or multipart parts, whose ETags are returned for the grantor
-  to complete. Only tensors of that result can be exported; each is read and sent one at a
-  time, so memory stays at about one tensor.
+  to complete. Only tensors of that result can be exported, only to http(s) URLs that are not
+  link-local (no metadata service); each is read and sent one at a time, so memory stays at
+  about one tensor.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from fedhive.blobs import (
     WRITE_ONCE_HEADERS,
@@ -114,6 +117,9 @@ class OperationDesk:
             raise InvalidArgument(f"{len(message.targets)} export targets (at most "
                                   f"{MAX_EXPORT})", field="targets")
         refs = {ref.name: ref for ref in call.result.refs()}
+        for target in message.targets:
+            for url in (target.url, *target.part_urls):
+                _check_target(url)
         reply = operation_pb2.ExportReply()
         for target in message.targets:
             ref = refs.get(target.name)
@@ -142,6 +148,22 @@ class OperationDesk:
         if self._uploader is None:
             self._uploader = PresignedUploader()
         return self._uploader
+
+
+def _check_target(url: str) -> None:
+    """An export goes to an object store over http(s): never to another scheme, nor to a
+    link-local address (a cloud host's metadata service) a manager of the job might name."""
+    if not url:
+        return
+    parts = urlsplit(url)
+    host = (parts.hostname or "").strip("[]")
+    try:
+        link_local = ipaddress.ip_address(host).is_link_local
+    except ValueError:
+        link_local = host in ("metadata", "metadata.google.internal")
+    if parts.scheme not in ("http", "https") or not host or link_local:
+        raise InvalidArgument(f"export target {url[:200]!r} is not an http(s) URL of an "
+                              "object store", field="targets")
 
 
 def _text(value: Any, field: str) -> str:

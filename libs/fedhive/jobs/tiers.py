@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fedhive.fl.operators import COMPONENT_FIELDS
 from fedhive.jobs.definition import JobDefinition
+from fedhive.jobs.operators import COMPONENT_FIELDS
 from fedhive.jobs.record import JobMeta
 
 OPERATORS_FILE = "config/operators.json"

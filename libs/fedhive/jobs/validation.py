@@ -14,11 +14,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedhive.fl.operators import operator_problems
 from fedhive.jobs import limits
 from fedhive.jobs.components import check_components
 from fedhive.jobs.files import JobFiles
 from fedhive.jobs.jsontext import JsonProblem, parse_json
+from fedhive.jobs.operators import operator_problems
 from fedhive.jobs.record import JobMeta
 from fedhive.text import ECHO_LIMIT, clip
 

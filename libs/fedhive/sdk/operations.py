@@ -35,6 +35,7 @@ from typing import Any
 from fedhive.blobs import PresignedFetcher, TensorKind, inline_refs
 from fedhive.errors import FailedPrecondition, RpcTimeout, Unavailable
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey, dxo_from_proto, dxo_to_proto
+from fedhive.fl.operations import END
 from fedhive.proto.v1 import operation_pb2
 from fedhive.structs import dict_to_struct, struct_to_dict
 
@@ -121,6 +122,11 @@ def request_for(job_id: str, task_name: str, dxo: Dxo, *, method: str = "",
         wait_ms=POLL_MS)
     dxo_to_proto(dxo, lambda arrays: inline_refs(arrays, limit=INLINE_LIMIT), into=request.data)
     return request
+
+
+def end_request(job_id: str) -> operation_pb2.OperationRequest:
+    """The operation that ends an operation-driven job (FINISHED:COMPLETED)."""
+    return request_for(job_id, END, Dxo(DataKind.WEIGHTS), method=END)
 
 
 def run_until_done(send: Callable[[operation_pb2.OperationRequest], _R],

@@ -27,13 +27,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import grpc
 
 from fedhive.errors import RpcTimeout, Unavailable, Unroutable
-from fedhive.fl.dxo import DataKind, Dxo
-from fedhive.fl.operations import END
+from fedhive.fl.dxo import Dxo
 from fedhive.jobs.definition import load_job
 from fedhive.jobs.limits import check_chosen_job_id, check_list_limit, check_submission_id
 from fedhive.jobs.metrics import RoundMetrics, round_from_proto
@@ -53,6 +52,10 @@ from fedhive.sdk.operations import (
 from fedhive.sdk.status import from_grpc
 from fedhive.sites.heartbeat import SiteHeartbeat
 from fedhive.sites.serde import site_heartbeat_from_proto
+
+if TYPE_CHECKING:  # the operation methods import them when called: numpy and the FL runtime
+    from fedhive.fl.dxo import Dxo  # are not loaded for the CLI's every command
+    from fedhive.sdk.operations import OperationResult
 
 T = TypeVar("T")
 CHUNK = 1024 * 1024
@@ -267,6 +270,7 @@ class Session:
         """Submit a job that runs the operations its callers ask for (`call_operation`) on
         `sites` (default: the sites online now) with `site_app`; see
         `operations.operation_job`."""
+
         if not sites:
             sites = [site.name for site in self.sites() if site.online]
         archive = operation_job(site_app, name=name, sites=sites, operators=operators,
@@ -286,6 +290,7 @@ class Session:
         untouched) on the job's sites; returns the aggregate (`OperationResult`). Raises
         FailedPrecondition when it failed, was not picked up within `read_wait` seconds, took
         longer than `wait`, or the job ended."""
+
         request = request_for(job_id, task_name, to_dxo(data, meta), method=method, op_id=op_id,
                               args={"aggregator": aggregator, "min_targets": min_targets,
                                     "timeout": timeout, **(args or {})})
@@ -294,7 +299,9 @@ class Session:
 
     def end_operation_job(self, job_id: str, *, read_wait: float = 10.0) -> None:
         """The job's caller is done: it ends FINISHED:COMPLETED."""
-        request = request_for(job_id, END, Dxo(DataKind.WEIGHTS), method=END)
+        from fedhive.sdk.operations import end_request
+
+        request = end_request(job_id)
         run_until_done(self.run_operation, request, read_wait=read_wait,
                        alive=lambda: self._why_ended(job_id))
 
@@ -315,6 +322,7 @@ class Session:
         return reply
 
     def _why_ended(self, job_id: str) -> str:
+
         record = self.get(job_id)
         return job_gone(record.status.value, record.status_reason)
 

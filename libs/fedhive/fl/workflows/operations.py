@@ -5,7 +5,7 @@ It has no training loop of its own: it runs, one at a time, the operations its c
 forwarding that tier's tasks) and hands each back its result:
 
 * the operation is the caller's description overridden by the job's `operators` entry for the
-  task (`fedhive.fl.operators.resolve`, the `project`'s entry first);
+  task (`fedhive.jobs.operators.resolve`, the `project`'s entry first);
 * `bcast`: the task goes to the targets, each result is folded into the aggregator as it
   arrives, and the aggregate is the result, its meta `NUM_STEPS_CURRENT_ROUND` the sum of the
   weights folded in (so an upper tier weighs this system's aggregate as the sum of its sites:
@@ -37,12 +37,12 @@ from fedhive.fl.arguments import check_str
 from fedhive.fl.components import ComponentError
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey
 from fedhive.fl.operations import END, Call, Operations
-from fedhive.fl.operators import BCAST, COMPONENT_FIELDS, Operation, parse_operators, resolve
 from fedhive.fl.persistors import ModelPersistor
 from fedhive.fl.shareables import ShareableGenerator
 from fedhive.fl.tasks import ClientTask, CompletionStatus, Task
 from fedhive.fl.workflow import WorkflowContext
 from fedhive.fl.workflows.base import BaseWorkflow, site_metrics, steps_of, weighted_metrics
+from fedhive.jobs.operators import BCAST, COMPONENT_FIELDS, Operation, parse_operators, resolve
 
 POLL_S = 0.2
 _KINDS = {"aggregator": Aggregator, "shareable_generator": ShareableGenerator,

@@ -18,7 +18,7 @@ import pytest
 from fedhive.config import Settings
 from fedhive.jobs.status import JobStatus
 from fedhive.jobs.tiers import HIERARCHY
-from tests.fixtures.e2e import running_system
+from tests.fixtures.e2e import SCHEDULER_OPTIONS, running_system
 from tests.fixtures.infra import RUN_ID, S3Server, settings_for, wait_for
 from tests.fixtures.site_agent import SiteAgentProcess, agent_env
 from tests.fixtures.tiers import (
@@ -36,6 +36,10 @@ from tests.fixtures.tiers import (
 S = JobStatus
 # Tier 1's runner waits this long for a silent site: a restarted hub agent re-attaches in time.
 RESTART_TOLERANT = ("--site-ttl", "15", "--job-ttl", "15")
+# Tier 2's scheduler gives a job it cannot schedule up after 3 tries (not 20), and runs up to
+# 4 jobs at once (a job still ending never holds the next one back).
+QUICK_TO_GIVE_UP = ("--max-jobs", "4", "--max-schedule-count", "3",
+                    *SCHEDULER_OPTIONS[SCHEDULER_OPTIONS.index("--min-schedule-interval"):])
 
 
 @dataclass
@@ -72,7 +76,8 @@ def tiers(amqp_url: str, redis_url: str, s3_server: S3Server, test_bucket: str,
                                        f"t{RUN_ID}-t1")
     sites2 = [f"b{RUN_ID}-1", f"b{RUN_ID}-2"]
     sites1 = [f"a{RUN_ID}-1", f"hub{RUN_ID}"]
-    with running_system(settings2, tmp / "t2", sites2, schedulers=1) as t2, \
+    with running_system(settings2, tmp / "t2", sites2, schedulers=1,
+                        scheduler_options=QUICK_TO_GIVE_UP) as t2, \
             running_system(settings1, tmp / "t1", sites1, launched=1, schedulers=1,
                            runner_args=RESTART_TOLERANT) as t1:
         gateways = [start_gateway(t2, tmp / "t2"), start_gateway(t1, tmp / "t1")]

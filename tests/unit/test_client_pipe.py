@@ -360,7 +360,10 @@ def test_the_executor_fails_tasks_clearly(exec_task: Callable[..., ExecTask]) ->
     with pytest.raises(TaskError, match="sent no result within 1 s; it was stopped"):
         executor.execute(exec_task({"w": np.ones(2)}, behaviour="hang"))
     assert executor._trainer is None
-    # the client job never fetches what a trainer points at: only inline or uploaded refs
+    executor.finalize()
+    # the client job never fetches what a trainer points at: only inline or uploaded refs (a
+    # trainer of its own, with time to start on a loaded machine: 1 s is for the hang above)
+    executor = ClientAPIExecutor("python -m unit_trainer", task_timeout=60, stop_grace=1)
     with pytest.raises(TaskError, match=r"tensor 'w' of the trainer's result is not inline "
                                         r"nor at a key named by its checksum "
                                         r"\(elsewhere/w.bin\)"):

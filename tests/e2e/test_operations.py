@@ -16,21 +16,16 @@ from fedhive.proto.v1 import operation_pb2
 from fedhive.sdk import Session
 from fedhive.sdk.operations import operation_job
 from tests.fixtures.e2e import System
-from tests.fixtures.gateway import GatewayProcess, write_admins
-from tests.fixtures.tiers import fedavg, site_app
+from tests.fixtures.tiers import ADMIN, fedavg, site_app, start_gateway
 
 S = JobStatus
 
 
 @pytest.fixture(scope="module")
 def session(e2e_system: System, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
-    tmp = tmp_path_factory.mktemp("operations")
-    gateway = GatewayProcess(e2e_system.settings, write_admins(tmp / "admins.json"),
-                             tmp / "gateway.log")
-    gateway.start()
+    gateway = start_gateway(e2e_system, tmp_path_factory.mktemp("operations"))
     try:
-        gateway.wait_ready()
-        with gateway.session("admin@a") as admin:
+        with gateway.session(ADMIN) as admin:
             yield admin
     finally:
         gateway.stop()

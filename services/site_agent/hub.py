@@ -45,13 +45,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from fedhive.errors import ConfigError, FailedPrecondition, FedhiveError, InvalidArgument, NotFound
-from fedhive.jobs.status import JobStatus
 from fedhive.jobs.tiers import OPERATORS_FILE, hierarchy_meta
 from fedhive.resources import CheckResult
+from fedhive.sdk import Session
 from fedhive.sdk.operations import operation_job
 
 from .hub_config import HubConfig
@@ -130,19 +131,18 @@ class Hub:
 
     def abort(self, job_id: str, reason: str) -> None:
         """Abort the lower-tier job (best effort: logged when it cannot be)."""
-        try:
-            record = self._session.get(job_id)
-            if record.status.is_final:
-                return
-            self._session.abort(job_id, f"the upper tier aborted it: {reason}"[:1000])
-            self._log.info("hub.aborted", job_id=job_id)
-        except NotFound:
-            return
-        except FedhiveError as err:
-            self._log.warning("hub.abort_failed", job_id=job_id, error=err.message)
+        abort_lower(self._session, job_id, f"the upper tier aborted it: {reason}", self._log)
 
-    def status(self, job_id: str) -> JobStatus | None:
-        try:
-            return self._session.get(job_id).status
-        except FedhiveError:
-            return None
+
+def abort_lower(session: Session, job_id: str, reason: str, log: Any) -> None:
+    """Abort the lower tier's job `job_id` unless it has ended (or never was); a failure is
+    logged, not raised: the caller is cleaning up (the agent's abort, the hub client job's)."""
+    try:
+        if session.get(job_id).status.is_final:
+            return
+        session.abort(job_id, reason[:1000])
+        log.info("hub.aborted", job_id=job_id, reason=reason[:200])
+    except NotFound:
+        return
+    except FedhiveError as err:
+        log.warning("hub.abort_failed", job_id=job_id, error=err.message)

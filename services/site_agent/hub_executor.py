@@ -30,6 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from fedhive.errors import FailedPrecondition, FedhiveError
 from fedhive.fl.dxo import Dxo
 from fedhive.fl.executor import ExecTask, TaskError
@@ -38,6 +40,7 @@ from fedhive.proto.v1 import operation_pb2
 from fedhive.sdk import Session
 from fedhive.sdk.operations import end_request, job_gone, request_for, run_until_done
 
+from .hub import abort_lower
 from .hub_config import ENDED_MARK, HubConfig
 
 
@@ -48,6 +51,7 @@ class HubExecutor:
         self.job_id = job_id
         self._abort = abort
         self._mark = folder / ENDED_MARK
+        self._log = structlog.get_logger().bind(job_id=job_id, lower_tier=config.gateway)
         self._session: Session = config.session(timeout=30.0)
 
     def execute(self, task: ExecTask) -> Dxo:
@@ -99,11 +103,7 @@ class HubExecutor:
         return job_gone(record.status.value, record.status_reason)
 
     def _abort_below(self, reason: str) -> None:
-        try:
-            if not self._why_ended():
-                self._session.abort(self.job_id, reason[:1000])
-        except FedhiveError:
-            pass
+        abort_lower(self._session, self.job_id, reason, self._log)
 
     def _sleep(self, seconds: float) -> None:
         self._abort.wait(seconds)

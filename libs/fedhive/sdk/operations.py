@@ -22,11 +22,9 @@ the job runs).
 
 from __future__ import annotations
 
-import io
 import json
 import time
 import uuid
-import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +34,7 @@ from fedhive.blobs import PresignedFetcher, TensorKind, inline_refs
 from fedhive.errors import FailedPrecondition, RpcTimeout, Unavailable
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey, dxo_from_proto, dxo_to_proto
 from fedhive.fl.operations import END
+from fedhive.jobs.archive import write_zip
 from fedhive.proto.v1 import operation_pb2
 from fedhive.structs import dict_to_struct, struct_to_dict
 
@@ -66,15 +65,18 @@ def operation_job(site_app: Path, *, sites: list[str], name: str = "operations",
               "workflows": [{"id": "controller", "path": CONTROLLER,
                              "args": {"project": project, "task_wait_time": task_wait_time}}],
               "operators": dict(operators or {}), "components": list(components or [])}
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("meta.json", json.dumps(meta, indent=1))
-        archive.writestr(f"{SERVER_APP}/config/config_fed_server.json",
-                         json.dumps(server, indent=1))
-        for path in sorted(site_app.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                archive.write(path, f"{SITE_APP}/{path.relative_to(site_app).as_posix()}")
-    return buffer.getvalue()
+    members = [("meta.json", _text(meta)),
+               (f"{SERVER_APP}/config/config_fed_server.json", _text(server))]
+    members += [(f"{SITE_APP}/{path.relative_to(site_app).as_posix()}", path.read_bytes)
+                for path in site_app.rglob("*")
+                if path.is_file() and "__pycache__" not in path.parts]
+    archive = write_zip(members)
+    assert archive is not None  # no `out`: the bytes
+    return archive
+
+
+def _text(value: Any) -> Callable[[], bytes]:
+    return lambda: json.dumps(value, indent=1).encode()
 
 
 @dataclass

@@ -11,11 +11,13 @@ run through the lower tier's gateway:
    aborted; `task_wait_time` bounds the whole task (default: as long as the lower-tier job
    runs); the lower-tier job ending (aborted, failed, unschedulable) fails the task with its
    reason;
-4. the result comes back up as refs: the hub asks its own server job for upload grants for the
-   result's tensors (its checksums and sizes, as any site does), the lower tier's server job
-   copies the bytes from its store into them (`ExportOperationResult`), the hub completes the
-   multipart uploads and returns refs to the granted keys, with the weight the result stands
-   for (NUM_STEPS_CURRENT_ROUND: the sum of the lower tier's) and its contributors.
+4. the result comes back up as refs: the operation is an `export` one (the lower tier's server
+   job keeps its aggregate in files, not in its store: no one there reads it), the hub asks its
+   own server job for upload grants for the result's tensors (its checksums and sizes, as any
+   site does), the lower tier's server job copies the bytes into them
+   (`ExportOperationResult`), the hub completes the multipart uploads and returns refs to the
+   granted keys, with the weight the result stands for (NUM_STEPS_CURRENT_ROUND: the sum of
+   the lower tier's) and its contributors.
 
 When the run ends (END_RUN) the lower-tier job is ended (FINISHED:COMPLETED) and `ENDED_MARK`
 is left in the client job's folder, so that the agent's clean-up (the upper tier's runner
@@ -56,6 +58,7 @@ class HubExecutor:
 
     def execute(self, task: ExecTask) -> Dxo:
         request = request_for(self.job_id, task.name, task.data, op_id=task.task_id or "")
+        request.export = True  # its result comes up by ExportOperationResult: kept off T2's store
         log = task.log.bind(lower_tier=self.config.gateway)
         log.info("hub.task_forwarded", op_id=request.op_id, tensors=len(task.data.data))
         try:

@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +28,14 @@ from tests.fixtures.tiers import (
     fedavg,
     lower_running,
     model_of,
+    result_file,
     sag_job,
     site_app,
     start_gateway,
 )
 
 S = JobStatus
+STORED_FROM = 4096  # bytes: the tiers' inline threshold
 # Tier 1's runner waits this long for a silent site: a restarted hub agent re-attaches in time.
 RESTART_TOLERANT = ("--site-ttl", "15", "--job-ttl", "15")
 # Tier 2's scheduler gives a job it cannot schedule up after 3 tries (not 20), and runs up to
@@ -70,10 +72,11 @@ def tiers(amqp_url: str, redis_url: str, s3_server: S3Server, test_bucket: str,
     tmp = tmp_path_factory.mktemp("tiers")
     (tmp / "t1").mkdir()
     (tmp / "t2").mkdir()
-    settings2 = settings_for(amqp_url, redis_url, s3_server, f"{test_bucket}-t2",
-                             f"t{RUN_ID}-t2")
-    settings1: Settings = settings_for(amqp_url, redis_url, s3_server, test_bucket,
-                                       f"t{RUN_ID}-t1")
+    # Arrays over 4 KiB are stored objects (refs across tiers, exports), smaller ones inline.
+    settings2 = replace(settings_for(amqp_url, redis_url, s3_server, f"{test_bucket}-t2",
+                                     f"t{RUN_ID}-t2"), inline_threshold=STORED_FROM)
+    settings1: Settings = replace(settings_for(amqp_url, redis_url, s3_server, test_bucket,
+                                               f"t{RUN_ID}-t1"), inline_threshold=STORED_FROM)
     sites2 = [f"b{RUN_ID}-1", f"b{RUN_ID}-2"]
     sites1 = [f"a{RUN_ID}-1", f"hub{RUN_ID}"]
     with running_system(settings2, tmp / "t2", sites2, schedulers=1,
@@ -95,7 +98,10 @@ def test_two_tier_fedavg_equals_the_flat_run_over_the_same_sites(
     plain, (b1, b2) = tiers.plain, tiers.t2.system.sites
     offsets = {plain: 1.0, b1: 2.0, b2: 5.0}
     weights = {plain: 2.0, b1: 1.0, b2: 3.0}
-    initial = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    # "big" travels as refs: tier 1's URLs down to tier 2's sites, tier 2's aggregate copied
+    # up into tier 1's store by tier 2's server job (ExportOperationResult)
+    initial = {"w": np.arange(6, dtype=np.float32).reshape(2, 3),
+               "big": np.linspace(0, 1, STORED_FROM // 2, dtype=np.float32)}
     app = site_app(tmp_path / "site-app", offsets, weights)
     job = sag_job(tmp_path / "two-tier", app, min_clients=2, num_rounds=3, initial=initial)
     with tiers.t1.session() as session:
@@ -104,15 +110,18 @@ def test_two_tier_fedavg_equals_the_flat_run_over_the_same_sites(
     assert record.status is S.FINISHED_COMPLETED, (
         f"{record.status_reason}\n{tiers.t1.system.runner.log()}\n{tiers.hub.log()}")
 
-    expected = {"w": initial["w"].astype(np.float64)}
+    expected = {name: value.astype(np.float64) for name, value in initial.items()}
     for _ in range(3):
         expected = fedavg(expected, [plain, b1, b2], offsets, weights)
-    np.testing.assert_allclose(model_of(tiers.t1, job_id, tmp_path)["w"], expected["w"],
-                               rtol=1e-6)
+    model = model_of(tiers.t1, job_id, tmp_path)
+    for name in initial:
+        np.testing.assert_allclose(model[name], expected[name], rtol=1e-6)
 
     # The lower tier ran the job under the same id, as an operation-driven job, and ended it.
     lower = tiers.t2.system.wait_final(job_id, timeout=60)
     assert lower.status is S.FINISHED_COMPLETED, lower.status_reason
+    log = result_file(tiers.t2, job_id, tmp_path, "server_job.log").decode()
+    assert log.count('"operation.exported"') == 3  # "big" copied up each round
     assert lower.meta.extra[HIERARCHY] == {"tier": 2, "parent_job_id": job_id,
                                            "hub_site": tiers.hub.site}
     with tiers.t2.session() as session:

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedhive.errors import FailedPrecondition, InvalidArgument
+from fedhive.blobs import TensorRef, checksum
+from fedhive.errors import BlobNotFound, FailedPrecondition, InvalidArgument, NotFound
 from fedhive.jobs.status import JobStatus
 from fedhive.proto.v1 import operation_pb2
 from fedhive.sdk import Session
-from fedhive.sdk.operations import operation_job
+from fedhive.sdk.operations import operation_job, request_for, run_until_done, to_dxo
 from tests.fixtures.e2e import System
 from tests.fixtures.tiers import ADMIN, fedavg, site_app, start_gateway
 
@@ -61,6 +62,43 @@ def test_three_rounds_of_fedavg_driven_from_a_test_process(
     assert set(rounds[0].metrics["sites"]) == set(sites)
     with pytest.raises(FailedPrecondition, match="takes no more operations"):
         session.call_operation(job_id, "train", model)
+
+
+def test_an_export_operation_keeps_its_result_off_the_store_until_it_is_copied_up(
+        session: Session, e2e_system: System, tmp_path: Path) -> None:
+    """A hub site's kind of operation: its aggregate (over the inline threshold) is kept in the
+    server job's files, never in this system's store, and `ExportOperationResult` copies it to
+    the caller's presigned target; once the next operation ended it is gone."""
+    sites = e2e_system.sites[:2]
+    app = site_app(tmp_path / "app", {sites[0]: 1.0, sites[1]: 3.0}, dict.fromkeys(sites, 1.0))
+    job_id = session.start_operation_job(app, sites=sites, min_clients=2).job_id
+    model = {"w": np.zeros(e2e_system.settings.inline_threshold // 4 + 1, np.float32)}
+
+    def run(op_id: str) -> TensorRef:
+        request = request_for(job_id, "train", to_dxo(model), op_id=op_id)
+        request.export = True
+        ref = run_until_done(session.run_operation, request, read_wait=60).dxo.data["w"]
+        assert isinstance(ref, TensorRef)
+        return ref
+
+    ref = run("first")
+    assert ref.key and not ref.url  # a key for the grant's checksum; nothing to read here
+    with pytest.raises(BlobNotFound):
+        e2e_system.blobs.size(ref.key)
+    target = f"{e2e_system.settings.namespace}/upper/{job_id}/w"
+    export = operation_pb2.ExportRequest(job_id=job_id, op_id="first")
+    export.targets.add(name="w", write_once=True,
+                       url=e2e_system.blobs.presign_put(target, 600, write_once=True).url)
+    session.export_operation(export)
+    body = np.frombuffer(e2e_system.blobs.get(target), np.float32)
+    np.testing.assert_array_equal(body, np.full_like(model["w"], 2.0))  # (0+1 + 0+3) / 2
+    assert checksum.digest(body) == ref.checksum
+
+    run("second")
+    with pytest.raises(NotFound, match="no longer kept"):
+        session.export_operation(export)
+    session.end_operation_job(job_id)
+    assert e2e_system.wait_final(job_id).status is S.FINISHED_COMPLETED
 
 
 def test_a_relay_operation_passes_each_result_to_the_next_site(

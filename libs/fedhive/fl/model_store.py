@@ -37,6 +37,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -309,6 +310,36 @@ class ModelStore:
             self.log.info("models.collected", deleted=len(doomed) - len(failed),
                           kept=len(keep))
         return len(doomed) - len(failed)
+
+
+class KeptModelStore(ModelStore):
+    """`models` for reading; the tensors it writes go to files in `folder` (named by checksum,
+    `kept_file`) instead of S3: a result no one in this system reads, which an upper tier copies
+    into its own store (`ExportOperationResult`). Nothing here tracks or collects them: the
+    folder goes as a whole."""
+
+    def __init__(self, models: ModelStore, folder: Path) -> None:
+        super().__init__(models.store, models.prefix, job_id=models.job_id, log=models.log,
+                         inline_threshold=models.inline_threshold,
+                         inline_budget=models.inline_budget, workers=models._workers,
+                         part_size=models._part_size)
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def store_object(self, key: str, view: memoryview) -> None:
+        path = kept_file(self.folder, self.prefix, key)
+        if path.exists() and path.stat().st_size == len(view):
+            return
+        partial = path.with_name(f"{path.name}.{threading.get_ident()}.partial")
+        with partial.open("wb") as out:
+            out.write(view)
+        partial.replace(path)
+
+
+def kept_file(folder: Path, prefix: str, key: str) -> Path:
+    """Where a `KeptModelStore` of that tensor prefix keeps the object `key` (a content key:
+    `<algorithm>-<hex>`)."""
+    return folder / key.removeprefix(prefix).replace("/", "-")
 
 
 class ModelWriter:

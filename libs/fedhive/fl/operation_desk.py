@@ -8,16 +8,21 @@ the task server takes them from no one else) for an admin it authorised to manag
   done or after `wait_ms`: PENDING, DONE with the result (its refs presigned for reading, except
   an upper tier's, which keep their own URLs), or FAILED with why.
 * `ExportRequest`: the non-inline tensors of a finished operation's result, copied from this
-  job's store to presigned targets an upper tier granted (its hub site relays them): single
-  PUTs (write-once when so signed) or multipart parts, whose ETags are returned for the grantor
-  to complete. Only tensors of that result can be exported, only to http(s) URLs that are not
-  link-local (no metadata service); each is read and sent one at a time, so memory stays at
-  about one tensor.
+  job's store (or the files an `export` operation's result was kept in) to presigned targets
+  an upper tier granted (its hub site relays them): single PUTs (write-once when so signed) or
+  multipart parts, whose ETags are returned for the grantor to complete. Only tensors of that
+  result can be exported, only to http(s) URLs that are not link-local (no metadata service).
+  `EXPORT_WORKERS` tensors are sent at a time: a kept one straight from its file (mapped), one
+  in the store read into memory first, so memory stays at about that many tensors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import mmap
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -33,6 +38,7 @@ from fedhive.blobs import (
 )
 from fedhive.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from fedhive.fl.dxo import DataKind, Dxo, dxo_from_proto, dxo_to_proto
+from fedhive.fl.model_store import kept_file
 from fedhive.fl.operations import Call
 from fedhive.fl.workflow import WorkflowContext
 from fedhive.jobs.limits import MAX_JOB_ID
@@ -41,6 +47,7 @@ from fedhive.structs import dict_to_struct, struct_to_dict
 
 _R = operation_pb2.OperationReply
 MAX_EXPORT = 100_000  # targets in one export request
+EXPORT_WORKERS = 2
 
 
 class OperationDesk:
@@ -66,7 +73,7 @@ class OperationDesk:
         data = dxo_from_proto(message.data) if message.HasField("data") \
             else Dxo(DataKind.WEIGHTS)
         call = inbox.submit(Call(op_id, task_name, message.method,
-                                 struct_to_dict(message.args), data))
+                                 struct_to_dict(message.args), data, export=message.export))
         call.done.wait(max(0.0, min(message.wait_ms / 1000, self._max_wait_s)))
         return self._reply(call)
 
@@ -77,29 +84,30 @@ class OperationDesk:
         if call.error or call.result is None:
             return _R(state=_R.STATE_FAILED, error=call.error, contributions=contributions)
         reply = _R(state=_R.STATE_DONE, contributions=contributions)
-        dxo_to_proto(self._inlined(call.result),
+        dxo_to_proto(self._inlined(call),
                      lambda arrays: self._codec.pack(arrays, self.ctx.tensor_prefix),
                      into=reply.result)
         for ref in reply.result.tensors:
-            if ref.key and not self.ctx.is_foreign(ref.key):
+            if ref.key and not self.ctx.is_foreign(ref.key) and call.kept is None:
                 url = self._store.presign_get(ref.key, self._url_ttl_s)
                 ref.url, ref.url_expires_at_ms = url.url, url.expires_at_ms
         return reply
 
-    def _inlined(self, result: Dxo) -> Dxo:
-        """`result` with its small stored tensors inline (up to the codec's threshold and
-        budget, as task data is): the caller (a hub passing them up) then needs no grants,
+    def _inlined(self, call: Call) -> Dxo:
+        """The call's result with its small stored tensors inline (up to the codec's threshold
+        and budget, as task data is): the caller (a hub passing them up) then needs no grants,
         copies or URLs for them; what is larger stays a ref."""
+        result = call.result
+        assert result is not None
         budget = self._codec.inline_budget
         data: dict[str, Any] = {}
         for name, value in result.data.items():
             if isinstance(value, TensorRef) and not value.is_inline \
                     and not self.ctx.is_foreign(value.key) \
                     and value.length <= min(self._codec.inline_threshold, budget):
-                body = memoryview(bytearray(value.length))
-                self._store.read_into(value.key, body, value.offset)
-                value = replace(value, key="", url="", url_expires_at_ms=0, offset=0,
-                                inline_data=bytes(body))
+                with self._body(call, value) as body:
+                    value = replace(value, key="", url="", url_expires_at_ms=0, offset=0,
+                                    inline_data=bytes(body))
                 budget -= value.length
             data[name] = value
         return Dxo(result.data_kind, data, result.meta)
@@ -120,29 +128,61 @@ class OperationDesk:
         for target in message.targets:
             for url in (target.url, *target.part_urls):
                 _check_target(url)
-        reply = operation_pb2.ExportReply()
+        pairs = []
         for target in message.targets:
             ref = refs.get(target.name)
             if ref is None or ref.is_inline or self.ctx.is_foreign(ref.key):
                 raise InvalidArgument(f"operation {message.op_id!r}: {target.name[:200]!r} is "
                                       "not a stored tensor of its result", field="targets")
-            body = memoryview(bytearray(ref.length))
-            self._store.read_into(ref.key, body, ref.offset)
-            parts = reply.targets.add()
-            if target.part_urls:
-                grant = MultipartGrant("", target.part_size,
-                                       [PresignedUrl(url, 0) for url in target.part_urls])
-                parts.etags.extend(self._upload().put_parts(grant, ref.name, body))
-            elif target.url:
-                self._upload().put(target.url, ref.name, body,
-                                   headers=WRITE_ONCE_HEADERS if target.write_once else None)
-            else:
+            if not (target.url or target.part_urls):
                 raise InvalidArgument(f"export target {target.name[:200]!r} has no URL",
                                       field="targets")
-            del body
+            pairs.append((ref, target))
+
+        def send(pair: tuple[TensorRef, operation_pb2.ExportTarget]) -> list[str]:
+            ref, target = pair
+            with self._body(call, ref) as body:
+                if not target.part_urls:
+                    self._upload().put(target.url, ref.name, body, headers=WRITE_ONCE_HEADERS
+                                       if target.write_once else None)
+                    return []
+                grant = MultipartGrant("", target.part_size,
+                                       [PresignedUrl(url, 0) for url in target.part_urls])
+                return self._upload().put_parts(grant, ref.name, body)
+
+        reply = operation_pb2.ExportReply()
+        with ThreadPoolExecutor(max_workers=EXPORT_WORKERS) as pool:
+            for etags in pool.map(send, pairs):
+                reply.targets.add(etags=etags)
         self.ctx.log.info("operation.exported", op_id=message.op_id,
                           tensors=len(message.targets))
         return reply
+
+    @contextlib.contextmanager
+    def _body(self, call: Call, ref: TensorRef) -> Iterator[memoryview]:
+        """The bytes of a stored tensor of the call's result: its kept file mapped, or read
+        from the store."""
+        if call.kept is None:
+            body = memoryview(bytearray(ref.length))
+            self._store.read_into(ref.key, body, ref.offset)
+            yield body
+            return
+        path = kept_file(call.kept, self.ctx.tensor_prefix, ref.key)
+        if not path.is_file():  # a later operation ended: its files went
+            raise NotFound(f"operation {call.op_id!r}: its result is no longer kept (a later "
+                           "operation ended)", field="op_id")
+        if ref.length == 0:
+            yield memoryview(b"")
+            return
+        with path.open("rb") as file:
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        whole = memoryview(mapped)
+        try:
+            yield whole[ref.offset:ref.offset + ref.length]
+        finally:
+            whole.release()
+            with contextlib.suppress(BufferError):  # a slice still held: unmapped when freed
+                mapped.close()
 
     def _upload(self) -> PresignedUploader:
         if self._uploader is None:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fedhive.errors import FailedPrecondition, InvalidArgument
@@ -30,6 +31,8 @@ class Call:
     method: str
     args: dict[str, Any]
     data: Dxo
+    export: bool = False  # the caller copies the result up (OperationRequest.export)
+    kept: Path | None = None  # where the result's stored tensors are, when not in the store
     result: Dxo | None = None
     error: str = ""
     contributions: dict[str, Any] = field(default_factory=dict)

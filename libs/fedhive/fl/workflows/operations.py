@@ -15,6 +15,10 @@ forwarding that tier's tasks) and hands each back its result:
   URLs): they go to the sites untouched and are never re-signed, tracked or deleted here;
 * each finished operation is a round of the job (`fedhive metrics`: who contributed what);
   the objects of the previous operation's result are deleted once the next one finished;
+* a caller that copies the result up (`export`: a hub site) gets a bcast aggregate kept in
+  files beside the workspace (`KeptModelStore`, deleted with the next operation's end or the
+  job's) instead of this system's store: no one here reads it, so it is written once, read
+  once by the export, never uploaded here;
 * the method `end` completes the job (the caller's loop is over); so does nothing else:
   `task_wait_time` (seconds, default none) fails the job when no operation came for that long.
 
@@ -25,9 +29,11 @@ target failed) fails alone, with its reason; the job goes on with the next.
 from __future__ import annotations
 
 import functools
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fedhive.blobs import TensorRef
@@ -36,6 +42,7 @@ from fedhive.fl.aggregators import Aggregator, InTimeAccumulateWeightedAggregato
 from fedhive.fl.arguments import check_str
 from fedhive.fl.components import ComponentError
 from fedhive.fl.dxo import DataKind, Dxo, MetaKey
+from fedhive.fl.model_store import KeptModelStore, ModelStore
 from fedhive.fl.operations import END, Call, Operations
 from fedhive.fl.persistors import ModelPersistor
 from fedhive.fl.shareables import ShareableGenerator
@@ -73,6 +80,8 @@ class OperationController(BaseWorkflow):
                                   field="task_wait_time")
         self.task_wait_time = task_wait_time
         self._rounds = 0
+        self._calls = 0
+        self._kept: Path | None = None  # the latest result kept for export
 
     def prepare(self, ctx: WorkflowContext) -> None:
         super().prepare(ctx)
@@ -86,12 +95,14 @@ class OperationController(BaseWorkflow):
                     self.find(f"operators.{task}.{name}", desc[name], _KINDS[name])
         self.inbox = Operations()
         ctx.operations = self.inbox
+        self._kept_root = ctx.workspace.parent / "kept-results"  # not the job's result
 
     def run(self, ctx: WorkflowContext) -> None:
         try:
             super().run(ctx)
         finally:
             self.inbox.close("the job was aborted" if ctx.abort.is_set() else "the job ended")
+            shutil.rmtree(self._kept_root, ignore_errors=True)
 
     def control_flow(self) -> None:
         idle_since = time.monotonic()
@@ -133,16 +144,24 @@ class OperationController(BaseWorkflow):
         except (FedhiveError, ComponentError) as err:
             log.warning("operation.failed", error=str(err), errors=outcome.errors)
             self.inbox.fail(call, str(err), outcome.contributions())
+            if call.kept is not None:
+                shutil.rmtree(call.kept, ignore_errors=True)
             return
         self.inbox.finish(call, result, outcome.contributions())  # the caller waits for it
         log.info("operation.done", sites=sorted(outcome.results), errors=outcome.errors)
+        self._keep(call.kept)
         self.end_round(result)  # what earlier operations left, and this one's site results
         self._report(call, outcome)
 
     def _bcast(self, call: Call, op: Operation, targets: list[str], outcome: _Outcome) -> Dxo:
         aggregator = self.find("aggregator", op.aggregator, Aggregator) if op.aggregator \
             else InTimeAccumulateWeightedAggregator(expected_data_kind=_averaged(call.data))
-        self.bind(aggregator)
+        models = self.models
+        if call.export:
+            self._calls += 1
+            call.kept = self._kept_root / str(self._calls)
+            models = KeptModelStore(self.models, call.kept)
+        aggregator.bind(models)
         aggregator.begin_round(self._rounds, call.data)
         min_targets, wait = op.min_targets, op.wait_time_after_min_received
         if min_targets > len(targets):  # FLARE's rule: then wait for every target
@@ -159,7 +178,7 @@ class OperationController(BaseWorkflow):
                 outcome.errors[site] = why
         if not outcome.results:
             raise WorkflowFailed(f"no result could be aggregated ({_why(task, outcome)})")
-        model = self._packed(aggregate)
+        model = self._packed(aggregate, models)
         model.meta.update(self._summary(outcome))
         return model
 
@@ -213,16 +232,21 @@ class OperationController(BaseWorkflow):
         client_task.task.data = dxo  # the next target's turn carries it
 
     # helpers ------------------------------------------------------------------------------
-    def _packed(self, dxo: Dxo) -> Dxo:
+    @staticmethod
+    def _packed(dxo: Dxo, models: ModelStore) -> Dxo:
         """`dxo` with its arrays as refs, the way task data goes: small ones inline (no
         object to write, read back and copy up), the others stored as this job's objects."""
-        assert self.ctx.codec is not None  # checked by prepare
-        arrays = {name: value for name, value in dxo.data.items()
-                  if not isinstance(value, TensorRef)}
-        packed = {ref.name: ref for ref in self.ctx.codec.pack(arrays, self.ctx.tensor_prefix)} \
-            if arrays else {}
-        return Dxo(dxo.data_kind, {name: packed.get(name, value)
-                                   for name, value in dxo.data.items()}, dict(dxo.meta))
+        writer = models.writer()
+        return Dxo(dxo.data_kind, {
+            name: value if isinstance(value, TensorRef) else writer.put(name, value)
+            for name, value in dxo.data.items()}, dict(dxo.meta))
+
+    def _keep(self, kept: Path | None) -> None:
+        """Once an operation ended, only its kept result stays (the caller exports it before
+        it asks for another)."""
+        if self._kept is not None and self._kept != kept:
+            shutil.rmtree(self._kept, ignore_errors=True)
+        self._kept = kept
 
     def _check_ended(self, task: Task) -> None:
         if self.aborted:

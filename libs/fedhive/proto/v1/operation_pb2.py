@@ -27,7 +27,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from fedhive.proto.v1 import task_pb2 as fedhive_dot_v1_dot_task__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66\x65\x64hive/v1/operation.proto\x12\nfedhive.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x15\x66\x65\x64hive/v1/task.proto\"\xab\x01\n\x10OperationRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05op_id\x18\x02 \x01(\t\x12\x11\n\ttask_name\x18\x03 \x01(\t\x12\x0e\n\x06method\x18\x04 \x01(\t\x12%\n\x04\x61rgs\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1d\n\x04\x64\x61ta\x18\x06 \x01(\x0b\x32\x0f.fedhive.v1.Dxo\x12\x0f\n\x07wait_ms\x18\x07 \x01(\x05\"\xf6\x01\n\x0eOperationReply\x12/\n\x05state\x18\x01 \x01(\x0e\x32 .fedhive.v1.OperationReply.State\x12\x1f\n\x06result\x18\x02 \x01(\x0b\x32\x0f.fedhive.v1.Dxo\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12.\n\rcontributions\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"S\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x11\n\rSTATE_PENDING\x10\x01\x12\x0e\n\nSTATE_DONE\x10\x02\x12\x10\n\x0cSTATE_FAILED\x10\x03\"Y\n\rExportRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05op_id\x18\x02 \x01(\t\x12)\n\x07targets\x18\x03 \x03(\x0b\x32\x18.fedhive.v1.ExportTarget\"c\n\x0c\x45xportTarget\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x12\n\nwrite_once\x18\x03 \x01(\x08\x12\x11\n\tpart_size\x18\x04 \x01(\x03\x12\x11\n\tpart_urls\x18\x05 \x03(\t\"U\n\x0b\x45xportReply\x12.\n\x07targets\x18\x01 \x03(\x0b\x32\x1d.fedhive.v1.ExportReply.Parts\x1a\x16\n\x05Parts\x12\r\n\x05\x65tags\x18\x01 \x03(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66\x65\x64hive/v1/operation.proto\x12\nfedhive.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x15\x66\x65\x64hive/v1/task.proto\"\xbb\x01\n\x10OperationRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05op_id\x18\x02 \x01(\t\x12\x11\n\ttask_name\x18\x03 \x01(\t\x12\x0e\n\x06method\x18\x04 \x01(\t\x12%\n\x04\x61rgs\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1d\n\x04\x64\x61ta\x18\x06 \x01(\x0b\x32\x0f.fedhive.v1.Dxo\x12\x0f\n\x07wait_ms\x18\x07 \x01(\x05\x12\x0e\n\x06\x65xport\x18\x08 \x01(\x08\"\xf6\x01\n\x0eOperationReply\x12/\n\x05state\x18\x01 \x01(\x0e\x32 .fedhive.v1.OperationReply.State\x12\x1f\n\x06result\x18\x02 \x01(\x0b\x32\x0f.fedhive.v1.Dxo\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12.\n\rcontributions\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"S\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x11\n\rSTATE_PENDING\x10\x01\x12\x0e\n\nSTATE_DONE\x10\x02\x12\x10\n\x0cSTATE_FAILED\x10\x03\"Y\n\rExportRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05op_id\x18\x02 \x01(\t\x12)\n\x07targets\x18\x03 \x03(\x0b\x32\x18.fedhive.v1.ExportTarget\"c\n\x0c\x45xportTarget\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x12\n\nwrite_once\x18\x03 \x01(\x08\x12\x11\n\tpart_size\x18\x04 \x01(\x03\x12\x11\n\tpart_urls\x18\x05 \x03(\t\"U\n\x0b\x45xportReply\x12.\n\x07targets\x18\x01 \x03(\x0b\x32\x1d.fedhive.v1.ExportReply.Parts\x1a\x16\n\x05Parts\x12\r\n\x05\x65tags\x18\x01 \x03(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,17 +35,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedhive.proto.v1.operation_
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OPERATIONREQUEST']._serialized_start=96
-  _globals['_OPERATIONREQUEST']._serialized_end=267
-  _globals['_OPERATIONREPLY']._serialized_start=270
-  _globals['_OPERATIONREPLY']._serialized_end=516
-  _globals['_OPERATIONREPLY_STATE']._serialized_start=433
-  _globals['_OPERATIONREPLY_STATE']._serialized_end=516
-  _globals['_EXPORTREQUEST']._serialized_start=518
-  _globals['_EXPORTREQUEST']._serialized_end=607
-  _globals['_EXPORTTARGET']._serialized_start=609
-  _globals['_EXPORTTARGET']._serialized_end=708
-  _globals['_EXPORTREPLY']._serialized_start=710
-  _globals['_EXPORTREPLY']._serialized_end=795
-  _globals['_EXPORTREPLY_PARTS']._serialized_start=773
-  _globals['_EXPORTREPLY_PARTS']._serialized_end=795
+  _globals['_OPERATIONREQUEST']._serialized_end=283
+  _globals['_OPERATIONREPLY']._serialized_start=286
+  _globals['_OPERATIONREPLY']._serialized_end=532
+  _globals['_OPERATIONREPLY_STATE']._serialized_start=449
+  _globals['_OPERATIONREPLY_STATE']._serialized_end=532
+  _globals['_EXPORTREQUEST']._serialized_start=534
+  _globals['_EXPORTREQUEST']._serialized_end=623
+  _globals['_EXPORTTARGET']._serialized_start=625
+  _globals['_EXPORTTARGET']._serialized_end=724
+  _globals['_EXPORTREPLY']._serialized_start=726
+  _globals['_EXPORTREPLY']._serialized_end=811
+  _globals['_EXPORTREPLY_PARTS']._serialized_start=789
+  _globals['_EXPORTREPLY_PARTS']._serialized_end=811
 # @@protoc_insertion_point(module_scope)

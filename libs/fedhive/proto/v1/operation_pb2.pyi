@@ -41,6 +41,7 @@ class OperationRequest(_message.Message):
     ARGS_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     WAIT_MS_FIELD_NUMBER: _builtins.int
+    EXPORT_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     op_id: _builtins.str
     """caller-chosen; repeating it never runs the operation twice"""
@@ -52,6 +53,12 @@ class OperationRequest(_message.Message):
     """
     wait_ms: _builtins.int
     """how long the reply may wait for the result"""
+    export: _builtins.bool
+    """The caller copies the result's stored tensors into its own store (ExportOperationResult)
+    and reads none of them here (a hub site): the server job keeps them on its disk until the
+    next operation ends, not in this system's store (one write and one read less per tensor);
+    their refs in the reply carry no URL.
+    """
     @_builtins.property
     def args(self) -> _struct_pb2.Struct:
         """operator arguments (aggregator, min_targets, timeout, ...)"""
@@ -70,10 +77,11 @@ class OperationRequest(_message.Message):
         args: _struct_pb2.Struct | None = ...,
         data: _task_pb2.Dxo | None = ...,
         wait_ms: _builtins.int = ...,
+        export: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "data", b"data"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "data", b"data", "job_id", b"job_id", "method", b"method", "op_id", b"op_id", "task_name", b"task_name", "wait_ms", b"wait_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "data", b"data", "export", b"export", "job_id", b"job_id", "method", b"method", "op_id", b"op_id", "task_name", b"task_name", "wait_ms", b"wait_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

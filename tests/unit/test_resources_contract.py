@@ -34,16 +34,21 @@ class FakeClock:
 
 
 class FakeDevices:
-    """A device table standing in for NVML: `mem_gib[i]` is device i's memory."""
+    """A device table standing in for NVML: `mem_gib[i]` is device i's memory, `free_gib[i]`
+    how much of it is free right now (all of it by default)."""
 
-    def __init__(self, mem_gib: list[float]) -> None:
+    def __init__(self, mem_gib: list[float], free_gib: list[float] | None = None) -> None:
         self.mem_gib = mem_gib
+        self.free_gib = list(mem_gib) if free_gib is None else free_gib
 
     def device_count(self) -> int:
         return len(self.mem_gib)
 
     def memory_total_bytes(self, index: int) -> int:
         return int(self.mem_gib[index] * 1024**3)
+
+    def memory_free_bytes(self, index: int) -> int:
+        return int(self.free_gib[index] * 1024**3)
 
 
 @dataclass
@@ -54,6 +59,8 @@ class Impl:
     bad: list[tuple[Any, str]]  # (requirement, key its "no" reason must name)
     free_key: str  # key of report_resources()["free"] that counts free units
     restart: Callable[[], AutoCleanResourceManager]  # a new manager, as after an agent restart
+    held: Callable[[list[int]], dict[str, Any]]  # the allocation of these units of need(n)
+    short: Callable[[int, int], str]  # the "no" reason when n units are wanted and f are free
 
 
 def _gpu(clock: FakeClock) -> Impl:
@@ -74,7 +81,10 @@ def _gpu(clock: FakeClock) -> Impl:
         ({"num_of_gpus": 1, "cpus": 2}, "cpus"),
         ({"mem_per_gpu_in_GiB": 2}, "num_of_gpus"),
     ]
-    return Impl(manager, clock, lambda n: {"num_of_gpus": n}, bad, "num_of_gpus", build)
+    # Each unit is a whole GPU: all of its memory (sharing by memory: test_resources_gpu.py).
+    return Impl(manager, clock, lambda n: {"num_of_gpus": n, "mem_per_gpu_in_GiB": 8}, bad,
+                "num_of_gpus", build, lambda ids: {"gpu": ids, "mem_per_gpu_in_GiB": 8.0},
+                lambda n, f: f"num_of_gpus {n} > {f} with mem_per_gpu_in_GiB 8 free")
 
 
 def _list(clock: FakeClock) -> Impl:
@@ -91,7 +101,8 @@ def _list(clock: FakeClock) -> Impl:
         ({"gpu": None}, "gpu"),
         ({"gpu": 1, "tpu": 1}, "tpu"),
     ]
-    return Impl(manager, clock, lambda n: {"gpu": n}, bad, "gpu", build)
+    return Impl(manager, clock, lambda n: {"gpu": n}, bad, "gpu", build,
+                lambda ids: {"gpu": ids}, lambda n, f: f"gpu {n} > {f} free")
 
 
 @pytest.fixture(params=[_gpu, _list], ids=["gpu", "list"])
@@ -121,7 +132,7 @@ def test_check_reserves_until_the_pool_is_exhausted(impl: Impl) -> None:
     assert first.ok and free(impl) == 1
     second = impl.manager.check_resources(impl.need(2))
     assert not second.ok and second.token == ""
-    assert second.reason == f"{impl.free_key} 2 > 1 free"
+    assert second.reason == impl.short(2, 1)
     assert impl.manager.check_resources(impl.need(1)).ok
     assert free(impl) == 0
 
@@ -182,9 +193,9 @@ def test_allocated_resources_never_expire(impl: Impl) -> None:
 def test_allocate_returns_the_units_and_is_idempotent(impl: Impl) -> None:
     token = impl.manager.check_resources(impl.need(2)).token
     held = impl.manager.allocate_resources(token)
-    assert held == {"gpu": [0, 1]}
+    assert held == impl.held([0, 1])
     held["gpu"].append(99)  # callers get a copy
-    assert impl.manager.allocate_resources(token) == {"gpu": [0, 1]}
+    assert impl.manager.allocate_resources(token) == impl.held([0, 1])
     report = impl.manager.report_resources()
     assert (report["reservations"], report["allocations"]) == (0, 1)
 
@@ -214,7 +225,7 @@ def test_freed_units_are_handed_out_lowest_first(impl: Impl) -> None:
     impl.manager.free_resources(tokens[2])
     impl.manager.free_resources(tokens[0])
     again = impl.manager.check_resources(impl.need(2)).token
-    assert impl.manager.allocate_resources(again) == {"gpu": [0, 2]}
+    assert impl.manager.allocate_resources(again) == impl.held([0, 2])
 
 
 def test_report_is_json_and_accounts_for_every_unit(impl: Impl) -> None:
@@ -306,7 +317,7 @@ def test_restore_takes_an_allocation_again_after_a_restart(impl: Impl) -> None:
 def test_restore_of_units_not_free_or_unknown_takes_nothing(impl: Impl) -> None:
     manager, token, held = _restarted(impl, 2)
     other = manager.check_resources(impl.need(1)).token
-    assert manager.allocate_resources(other) == {"gpu": [0]}  # one of `held`'s units
+    assert manager.allocate_resources(other) == impl.held([0])  # one of `held`'s units
     impl.manager = manager
     with pytest.raises(FailedPrecondition, match=r"cannot restore .* not free") as err:
         manager.restore(token, held)

@@ -52,7 +52,7 @@ def test_refuses_more_memory_than_a_gpu_has() -> None:
 def test_device_ids_choose_which_gpus_are_managed() -> None:
     manager = GPUResourceManager(2, 8, device_ids=[3, 1], devices=FakeDevices([8.0] * 4))
     token = manager.check_resources({"num_of_gpus": 2}).token
-    assert manager.allocate_resources(token) == {"gpu": [1, 3]}
+    assert manager.allocate_resources(token) == {"gpu": [1, 3], "mem_per_gpu_in_GiB": 0.0}
     with pytest.raises(ConfigError, match="needs GPU 4 but this machine has 4"):
         GPUResourceManager(1, 8, device_ids=[4], devices=FakeDevices([8.0] * 4))
 
@@ -92,14 +92,19 @@ def test_restore_of_gpus_names_the_device_and_keeps_the_others_free() -> None:
     with pytest.raises(FailedPrecondition, match=r"GPU 0 is not managed on this site "
                                                  r"\(managed: \[1, 3\]\)"):
         manager.restore("t1", {"gpu": [0]})
-    with pytest.raises(FailedPrecondition, match=r"a GPU allocation is \{'gpu': \[device ids\]\}"):
+    with pytest.raises(FailedPrecondition, match=r"a GPU allocation is \{'gpu': \[device ids\], "
+                                                 r"'mem_per_gpu_in_GiB': GiB on each\}"):
         manager.restore("t1", {"gpu": [3], "port": [1]})
-    manager.restore("t1", {"gpu": [3.0]})  # as it would come back from a Struct
-    assert manager.report_resources()["free"] == {"num_of_gpus": 1, "gpu": [1]}
-    with pytest.raises(FailedPrecondition, match="GPU 3 is not free"):
-        manager.restore("t2", {"gpu": [1, 3]})
-    assert manager.allocate_resources(manager.check_resources({"num_of_gpus": 1}).token) == {
-        "gpu": [1]}
+    with pytest.raises(FailedPrecondition, match="mem_per_gpu_in_GiB must be a number >= 0"):
+        manager.restore("t1", {"gpu": [3], "mem_per_gpu_in_GiB": "8"})
+    manager.restore("t1", {"gpu": [3.0], "mem_per_gpu_in_GiB": 6.0})  # as from a Struct
+    assert manager.report_resources()["free"] == {
+        "num_of_gpus": 1, "gpu": [1], "mem_in_GiB": {"1": 8.0, "3": 2.0}}
+    with pytest.raises(FailedPrecondition, match=r"3 GiB of GPU 3 are not free \(2 GiB are\)"):
+        manager.restore("t2", {"gpu": [1, 3], "mem_per_gpu_in_GiB": 3})
+    assert manager.report_resources()["free"]["mem_in_GiB"] == {"1": 8.0, "3": 2.0}
+    token = manager.check_resources({"num_of_gpus": 2, "mem_per_gpu_in_GiB": 2}).token
+    assert manager.allocate_resources(token) == {"gpu": [1, 3], "mem_per_gpu_in_GiB": 2.0}
 
 
 def test_gpu_less_site_answers_gpu_jobs_no_and_others_yes() -> None:

@@ -43,7 +43,7 @@ def test_one_gpu_refuses_the_second_reservation(gpu_check: ModuleType) -> None:
     report = gpu_check.check(FakeDevices([16.0]))
     assert report["ok"]
     refused = [r for r in report["reservations"] if not r["ok"]]
-    assert [r["reason"] for r in refused] == ["num_of_gpus 1 > 0 free"]
+    assert [r["reason"] for r in refused] == ["num_of_gpus 1 > 0 with mem_per_gpu_in_GiB 16 free"]
     assert [c["seen"]["CUDA_VISIBLE_DEVICES"] for c in report["children"]] == ["0"]
 
 

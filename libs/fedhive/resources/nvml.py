@@ -16,6 +16,10 @@ class GpuDevices(Protocol):
 
     def memory_total_bytes(self, index: int) -> int: ...
 
+    def memory_free_bytes(self, index: int) -> int:
+        """Memory not in use right now, by any process (NVML's `free`)."""
+        ...
+
 
 class NvmlUnavailable(RuntimeError):
     """NVML cannot be used here: no driver library, no driver, or no permission."""
@@ -36,6 +40,11 @@ class NvmlDevices:
         self._init()
         handle = self._call(pynvml.nvmlDeviceGetHandleByIndex, index)
         return int(self._call(pynvml.nvmlDeviceGetMemoryInfo, handle).total)
+
+    def memory_free_bytes(self, index: int) -> int:
+        self._init()
+        handle = self._call(pynvml.nvmlDeviceGetHandleByIndex, index)
+        return int(self._call(pynvml.nvmlDeviceGetMemoryInfo, handle).free)
 
     def close(self) -> None:
         if self._initialised:

@@ -98,6 +98,9 @@ def ensure(settings: Settings, say: Say, started: list[str]) -> None:
         # the port answers before the node accepts users and permissions
         _run(["rabbitmqctl", "await_startup", "--timeout", "60"], 90,
              "see RabbitMQ's log (/var/log/rabbitmq), or start it yourself")
+    if "redis" in started:
+        # the port answers while Redis still loads its append-only file (LOADING errors)
+        _await_redis(settings.redis_url, 60)
     if "redis" not in started:  # the operator's own: told, never reconfigured behind their back
         warning = persistence_warning(settings.redis_url)
         if warning is not None:
@@ -236,6 +239,26 @@ def _wait(service: Service, seconds: float) -> None:
                             f"{seconds:.0f} s of starting: see {log}, or start it yourself, "
                             f"e.g. {_yourself(service)}")
         time.sleep(0.2)
+
+
+def _await_redis(url: str, seconds: float) -> None:
+    """Until Redis answers PING: done loading its data."""
+    import redis
+
+    deadline = time.monotonic() + seconds
+    client = redis.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3)
+    try:
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.exceptions.RedisError as err:  # BusyLoadingError among them
+                if time.monotonic() > deadline:
+                    raise PocFailed(f"Redis did not finish starting within {seconds:.0f} s: "
+                                    f"{err}") from None
+                time.sleep(0.2)
+    finally:
+        client.close()
 
 
 def stop(keys: list[str], settings: Settings) -> None:

@@ -88,7 +88,8 @@ class Names:
     @staticmethod
     def site_event(site: str, kind: str) -> str:
         """`kind`: `heartbeat` (periodic SiteHeartbeat), `online` (agent started), `offline`
-        (clean shutdown), `job` (a running client job's JobHeartbeat)."""
+        (clean shutdown), `job` (a running client job's JobHeartbeat), `logs` (a LogBatch of
+        a client job's log lines: `fedhive.joblogs`)."""
         return f"site.{site}.{kind}"
 
     SITE_ONLINE = "site.online"  # published by the heartbeat intake on a registry transition
@@ -139,6 +140,28 @@ class Names:
         """List of the rounds a job's workflows reported (JSON, oldest first; `RoundLog`),
         readable while the job runs; deleted with the job."""
         return self.key("job", job_id, "rounds")
+
+    def job_logs_key(self, job_id: str) -> str:
+        """Stream of a job's log lines (fields site, source, line), capped; deleted with the job
+        (`fedhive.state.joblogs`)."""
+        return self.key("job", job_id, "logs")
+
+    def job_log_errors_key(self, job_id: str) -> str:
+        """Hash site -> the last error line of that site's (or the server job's) log."""
+        return self.key("job", job_id, "logs", "errors")
+
+    def job_log_seen_key(self, job_id: str) -> str:
+        """Hash site -> the byte ranges of its log file already stored (deduplication)."""
+        return self.key("job", job_id, "logs", "seen")
+
+    def job_log_sites_key(self, job_id: str) -> str:
+        """Hash site -> `done` (its last line is in) or `private` (it does not share logs)."""
+        return self.key("job", job_id, "logs", "sites")
+
+    def job_log_keys(self, job_id: str) -> list[str]:
+        """Every key of a job's logs (deleted with the job)."""
+        return [self.job_logs_key(job_id), self.job_log_errors_key(job_id),
+                self.job_log_seen_key(job_id), self.job_log_sites_key(job_id)]
 
     def job_heartbeat_key(self, job_id: str, site: str) -> str:
         return self.key("job", job_id, "beat", site)

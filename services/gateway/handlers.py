@@ -9,6 +9,10 @@ a `FedhiveError`; the servicer (servicer.py) translates errors to gRPC once.
 Authorisation: `fedhive.auth.decide` on the action and, for job actions, the job's submitter
 (read from the job-store first). Every decision is logged with user, action and job.
 
+A job id in a request may be a unique case-insensitive prefix of one (the job-store resolves
+it, `fedhive_services.job_store.context.lookup_job`); what the gateway forwards after reading
+the job names the full id.
+
 Request fields are held to `fedhive.jobs.limits` before anything is staged or forwarded, and a
 submit that ends in any error deletes its staged upload (the job-store deletes it too when it
 refuses; this covers the job-store not answering).
@@ -60,6 +64,9 @@ class GatewayConfig:
     url_expiry_s: int = 600  # lifetime of the presigned URLs the gateway asks for
     max_operation_wait_s: float = 20.0  # longest a RunOperation reply waits for its result
     export_timeout: float = 600.0  # a server job copies an operation's result upwards
+    # JobLogs --follow: how long after a job ended its stream waits for sites that never
+    # sent their last line (the usual end is sooner: every site's last line is in)
+    logs_grace_s: float = 10.0
 
 
 class Gateway:
@@ -94,7 +101,9 @@ class Gateway:
             raise denial(admin, decision, job_id)
 
     def _job_for(self, admin: Admin, action: Action, job_id: str) -> job_pb2.JobRecord:
-        """Read the job (NOT_FOUND names it) and authorise `action` on it."""
+        """Read the job (NOT_FOUND names it) and authorise `action` on it. `job_id` may be a
+        unique prefix of the job's id (the job-store resolves it): callers go on with the
+        record's `job_id`, the full one."""
         job = self._call(admin_pb2.GetJobRequest(job_id=_job_id(job_id)), job_pb2.JobRecord)
         self._authorize(admin, action, job)
         return job
@@ -240,6 +249,9 @@ class Gateway:
         seen: tuple[int, int] | None = None
         while active():
             record = self._call(request, job_pb2.JobRecord)
+            # A job-id prefix is resolved once: a later job with the same prefix cannot make
+            # the watch ambiguous, and no read after the first searches the id index.
+            request = admin_pb2.GetJobRequest(job_id=record.job_id)
             state = (record.status, len(record.history))
             if state != seen:
                 seen = state
@@ -249,6 +261,40 @@ class Gateway:
                 return
             if self._closing.wait(self._config.watch_interval):
                 raise Unavailable("the gateway is shutting down; watch again", field="gateway")
+
+    def job_logs(self, admin: Admin, request: admin_pb2.JobLogsRequest,
+                 active: Callable[[], bool]) -> Iterator[admin_pb2.JobLogPage]:
+        """Pages of the job's log lines from the job-store (authorised as `get_job`): the first
+        page always (it names the job and the sites that do not share their logs), then every
+        page with lines. Without `follow` it ends once the lines stored are read; with it, it
+        polls for new ones until the job is final and its logs are complete (every site that
+        ran it sent its last line), or `logs_grace_s` after the job ended."""
+        self._authorize(admin, Action.LOGS)
+        check_text(request.site, "site", MAX_FILTER)
+        check_text(request.after, "after", MAX_FILTER)
+        page_request = admin_pb2.JobLogsRequest(job_id=_job_id(request.job_id),
+                                                site=request.site.strip(), after=request.after,
+                                                limit=request.limit)
+        first, final_since = True, None
+        private: list[str] = []
+        while active():
+            page = self._call(page_request, admin_pb2.JobLogPage)
+            page_request.job_id = page.job_id  # a prefix is resolved once (as WatchJob)
+            if page.lines:
+                page_request.after = page.lines[-1].id
+            if first or page.lines or list(page.private_sites) != private:
+                first, private = False, list(page.private_sites)
+                yield page
+            if page.more:
+                continue
+            if not request.follow or page.complete:
+                return
+            if page.final:
+                final_since = final_since if final_since is not None else time.monotonic()
+                if time.monotonic() - final_since >= self._config.logs_grace_s:
+                    return
+            if self._closing.wait(self._config.watch_interval):
+                raise Unavailable("the gateway is shutting down; follow again", field="gateway")
 
     # -- operations (an operation-driven job's server job answers them) ---------------------
     def run_operation(self, admin: Admin, request: operation_pb2.OperationRequest

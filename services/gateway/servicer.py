@@ -121,6 +121,13 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             lambda admin: self._gateway.watch_job(admin, request.job_id, context.is_active),
         )
 
+    def JobLogs(self, request: admin_pb2.JobLogsRequest,
+                context: grpc.ServicerContext) -> Iterator[admin_pb2.JobLogPage]:
+        return self._stream(
+            context, "JobLogs",
+            lambda admin: self._gateway.job_logs(admin, request, context.is_active),
+        )
+
     def RunOperation(self, request: operation_pb2.OperationRequest,
                      context: grpc.ServicerContext) -> operation_pb2.OperationReply:
         return self._unary(context, "RunOperation",

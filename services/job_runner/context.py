@@ -14,7 +14,7 @@ from fedhive.bus import Bus
 from fedhive.names import Names
 from fedhive.state import StateStore
 from fedhive.state.port import Fence
-from fedhive.state.runs import RunTable
+from fedhive.state.runs import RunEntry, RunTable
 
 
 class ChildProcess(Protocol):
@@ -31,6 +31,12 @@ class Ownership(Protocol):
     """Whether this process may act on the jobs of its runner id now (`identity.RunnerLease`)."""
 
     def held(self) -> bool: ...
+
+
+class LogDrain(Protocol):
+    """Stores the rest of an ended job's server log (`server_logs.ServerLogs`)."""
+
+    def drain(self, entry: RunEntry) -> None: ...
 
 
 class NotOwnerNow(Exception):
@@ -61,6 +67,7 @@ class RunnerContext:
     config: RunnerConfig
     log: Any
     owner: Ownership
+    server_logs: LogDrain | None = None  # None: the server jobs' logs are not shared
     children: dict[str, ChildProcess] = field(default_factory=dict)
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)

@@ -1,5 +1,6 @@
-"""Ending a job the runner owns: stop its server job and client jobs, free every site, keep
-the server job's workspace as the job's result, write the final status, forget the job.
+"""Ending a job the runner owns: stop its server job and client jobs, store the rest of the
+server job's log (`server_logs`), free every site, keep the server job's workspace as the job's
+result, write the final status, forget the job.
 
 The result (the workspace zipped, a final model of any size included) is built and uploaded
 streaming: files are copied into a temporary zip in 1 MiB chunks (members from `STORE_FROM`
@@ -73,6 +74,8 @@ def clean_up(ctx: RunnerContext, entry: RunEntry, reason: str) -> str:
     task queue, store the result; returns the result's key ('' when the server job never had a
     workspace)."""
     server_job.stop(ctx, entry)
+    if ctx.server_logs is not None:  # its last lines, before the final status is written
+        ctx.server_logs.drain(entry)
     release(ctx, entry.job_id, {site: state.token for site, state in entry.sites.items()},
             reason)
     try:  # the job's task queue: nobody serves it any more

@@ -1,6 +1,7 @@
 """`fedhive-job-runner`: deploys, starts, monitors and finishes jobs.
 
-Two duties in one process: the heartbeat intake and site registry (`heartbeats.py`), and
+Three duties in one process: the heartbeat intake and site registry (`heartbeats.py`), the
+jobs' logs (`logs.py`: sites' log lines in; `server_logs.py`: the server jobs' own), and
 running jobs: `DispatchJob` and `AbortJobRequest` on `{ns}.job-runner` (`dispatch.py`,
 `abort.py`) and the monitor thread (`monitor.py`) that ends jobs, re-attaches after a restart
 and heals from heartbeats. Before any of it, the process claims its runner id (`identity.py`):
@@ -32,6 +33,7 @@ from fedhive.proto.v1 import admin_pb2, runner_pb2
 from fedhive.service import positive_seconds, run
 from fedhive.sites.intake import IntakeConfig
 from fedhive.state import RedisStateStore
+from fedhive.state.joblogs import JobLogStore
 from fedhive.state.runs import RunTable
 
 from .abort import handle_abort
@@ -39,7 +41,9 @@ from .context import RunnerConfig, RunnerContext
 from .dispatch import handle_dispatch
 from .heartbeats import HeartbeatIntake
 from .identity import RunnerLease
+from .logs import LogIntake
 from .monitor import Monitor, recover
+from .server_logs import ServerLogs
 
 SERVICE = "job-runner"
 CONCURRENCY = 4  # dispatches and aborts at once: an abort never waits behind a deployment
@@ -50,7 +54,8 @@ class JobRunner:
 
     def __init__(self, ctx: RunnerContext, blobs: S3BlobStore, state: RedisStateStore,
                  bus: RabbitBus, lease: RunnerLease, heartbeats: HeartbeatIntake,
-                 monitor: Monitor) -> None:
+                 monitor: Monitor, logs: JobLogStore, log_intake: LogIntake,
+                 server_logs: ServerLogs) -> None:
         self.ctx = ctx
         self.blobs = blobs
         self.state = state
@@ -58,14 +63,20 @@ class JobRunner:
         self.lease = lease
         self.heartbeats = heartbeats
         self.monitor = monitor
+        self.logs = logs
+        self.log_intake = log_intake
+        self.server_logs = server_logs
 
     def close(self) -> None:
         """Server jobs keep running: a runner started again with the same id re-attaches."""
         self.heartbeats.close()
+        self.log_intake.close()
         self.bus.close()
         self.monitor.close()
+        self.server_logs.close()
         self.lease.close()
         self.ctx.runs.close()
+        self.logs.close()
         self.blobs.close()
         self.state.close()
 
@@ -94,17 +105,23 @@ def build(settings: Settings, log: Any, *, options: Options) -> JobRunner:
     log = log.bind(service=SERVICE)
     lease = RunnerLease(state, options.runner.holder, options.runner.lease_ttl_s, log,
                         on_fenced=shut_down)
-    ctx = RunnerContext(state=state, blobs=blobs, bus=bus, names=names,
-                        runs=RunTable.from_settings(settings), config=options.runner,
-                        log=log, owner=lease)
+    runs = RunTable.from_settings(settings)
+    logs = JobLogStore.from_settings(settings)
+    server_logs = ServerLogs(runs, logs, options.runner.holder, log)
+    ctx = RunnerContext(state=state, blobs=blobs, bus=bus, names=names, runs=runs,
+                        config=options.runner, log=log, owner=lease, server_logs=server_logs)
     heartbeats = HeartbeatIntake(bus, state, options.intake, log)
+    log_intake = LogIntake(bus, state, logs, log)
     monitor = Monitor(ctx, heartbeats)
-    runner = JobRunner(ctx, blobs, state, bus, lease, heartbeats, monitor)
+    runner = JobRunner(ctx, blobs, state, bus, lease, heartbeats, monitor, logs, log_intake,
+                       server_logs)
     try:
         lease.start()  # first: nothing is touched under an id another live runner holds
         heartbeats.start()
+        log_intake.start()
         recover(ctx)
         monitor.start()
+        server_logs.start()
         bus.serve(names.service_queue(SERVICE), make_handler(ctx),
                   [runner_pb2.DispatchJob, admin_pb2.AbortJobRequest],
                   prefetch=CONCURRENCY * 2, concurrency=CONCURRENCY)

@@ -10,6 +10,11 @@ request (`fedhive.v1.*`) -> reply; errors (code: when):
   input the code cannot handle (`context.DATA_ERRORS`: a value out of range for its wire type,
   ...), answered at once with "the job-store could not handle <request>: <error type>" and
   logged with its traceback; never redelivered.
+* Any request naming an existing job (get, metrics, clone, resume, delete, download, abort):
+  its `job_id` is the job's id, or a prefix of exactly one job's id, ignoring case
+  (`context.lookup_job`; the reply and everything done after name the full id).
+  INVALID_ARGUMENT: "job id prefix <p> is ambiguous: it matches <up to 5 ids>[, ...]; give
+  more of the id"; NOT_FOUND: "job <p> not found" when no id starts with it.
 
 * `StoreSubmitJob` -> `SubmitJobReply`.
   INVALID_ARGUMENT: every violation of the job or of the archive's safety, in one message
@@ -27,6 +32,8 @@ request (`fedhive.v1.*`) -> reply; errors (code: when):
   `limits.MAX_LIST_LIMIT`; a filter longer than `limits.MAX_FILTER`; JOB_STATUS_UNSPECIFIED
   among `statuses`.
 * `GetJobRequest` -> `JobRecord`. NOT_FOUND: "job <id> not found".
+* `JobLogsRequest` -> `JobLogPage`: a page of the job's shared log lines (`logs.py`).
+  NOT_FOUND as above; INVALID_ARGUMENT: a bad `site`, `after` or `limit`.
 * `GetJobMetricsRequest` -> `JobMetrics`: the rounds the job's server job logged so far
   (`fedhive.state.rounds`), oldest first; none yet is an empty list. NOT_FOUND as above.
 * `DeleteJobRequest` -> `DeleteJobReply`. NOT_FOUND; FAILED_PRECONDITION: the job is not in a
@@ -79,6 +86,7 @@ from fedhive.jobs.limits import MAX_JOB_ID, check_text
 from fedhive.proto.v1 import admin_pb2, jobstore_pb2
 
 from .context import DATA_ERRORS, JobStoreContext
+from .logs import job_logs
 from .manage import abort_job, delete_job, download_job
 from .queries import get_job, get_job_metrics, list_jobs, list_sites
 from .submit import clone_job, resume_job, submit_job
@@ -94,6 +102,7 @@ _HANDLERS: dict[type[Message], Callable[[Any, Delivery, JobStoreContext], Messag
     admin_pb2.ListJobsRequest: list_jobs,
     admin_pb2.GetJobRequest: get_job,
     admin_pb2.GetJobMetricsRequest: get_job_metrics,
+    admin_pb2.JobLogsRequest: job_logs,
     admin_pb2.DeleteJobRequest: delete_job,
     jobstore_pb2.StoreDownloadJob: download_job,
     admin_pb2.AbortJobRequest: abort_job,

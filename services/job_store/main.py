@@ -19,6 +19,7 @@ from fedhive.config import Settings
 from fedhive.names import Names
 from fedhive.service import run
 from fedhive.state import RedisStateStore
+from fedhive.state.joblogs import JobLogStore
 from fedhive.state.rounds import RoundLog
 
 from .context import JobStoreContext
@@ -34,12 +35,14 @@ class JobStoreService:
     state: RedisStateStore
     blobs: S3BlobStore
     rounds: RoundLog
+    logs: JobLogStore
 
     def close(self) -> None:
         """Stop consuming (running requests finish and are acked), then release the ports."""
         self.bus.close()
         self.state.close()
         self.rounds.close()
+        self.logs.close()
         self.blobs.close()
 
 
@@ -49,10 +52,11 @@ def build(settings: Settings, log: Any) -> JobStoreService:
     blobs = S3BlobStore.from_settings(settings)
     blobs.ensure_bucket()
     rounds = RoundLog.from_settings(settings)
+    logs = JobLogStore.from_settings(settings)
     bus = RabbitBus(settings, name=SERVICE)
     try:
         ctx = JobStoreContext(state=state, blobs=blobs, events=bus, runner=bus, names=names,
-                              rounds=rounds)
+                              rounds=rounds, logs=logs)
         bus.serve(
             names.service_queue(SERVICE),
             make_handler(ctx),
@@ -64,7 +68,7 @@ def build(settings: Settings, log: Any) -> JobStoreService:
         bus.close()
         raise
     log.info("job_store.serving", queue=names.service_queue(SERVICE))
-    return JobStoreService(bus, state, blobs, rounds)
+    return JobStoreService(bus, state, blobs, rounds, logs)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -19,7 +19,7 @@ from fedhive.jobs.record import JobRecord
 from fedhive.jobs.status import JobStatus
 from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2
 
-from .context import JobStoreContext, publish_status
+from .context import JobStoreContext, lookup_job, publish_status
 from .replies import record_reply
 
 log = structlog.get_logger()
@@ -36,7 +36,7 @@ def delete_job(
     """Only a job in a final status: its S3 objects first, then the record, so a crash in
     between leaves a record whose redelivered delete finishes the work."""
     try:
-        record = ctx.state.get_job(request.job_id)
+        record = lookup_job(ctx, request.job_id)
     except NotFound:
         if delivery.redelivered:  # the first delivery deleted it and then lost its reply
             return admin_pb2.DeleteJobReply()
@@ -64,7 +64,7 @@ def download_job(
             f"expires_in_s {request.expires_in_s} must be between 1 and {MAX_URL_LIFETIME_S}",
             field="expires_in_s",
         )
-    record = ctx.state.get_job(request.job_id)
+    record = lookup_job(ctx, request.job_id)
     if not record.status.is_final:
         raise FailedPrecondition(
             f"job {record.job_id} is not done ({record.status.value})", field="job_id"
@@ -93,7 +93,7 @@ def abort_job(
     the event and answers the record.
     """
     check_text(request.reason, "reason", MAX_REASON)
-    record = ctx.state.get_job(request.job_id)
+    record = lookup_job(ctx, request.job_id)
     if record.status == JobStatus.SUBMITTED:
         reason = request.reason.strip() or f"Aborted the job {record.job_id} before running it."
         try:
@@ -101,7 +101,7 @@ def abort_job(
                 record.job_id, JobStatus.SUBMITTED, JobStatus.FINISHED_ABORTED, reason
             )
         except IllegalTransition:
-            record = ctx.state.get_job(request.job_id)
+            record = ctx.state.get_job(record.job_id)
         else:
             publish_status(ctx, record)
             log.info("job.aborted", service="job-store", job_id=record.job_id, reason=reason)
@@ -121,8 +121,11 @@ def _forward_to_runner(
     request: admin_pb2.AbortJobRequest, record: JobRecord, ctx: JobStoreContext
 ) -> job_pb2.JobRecord:
     """The job-runner's answer to the abort (its typed errors travel back unchanged)."""
+    forwarded = admin_pb2.AbortJobRequest()
+    forwarded.CopyFrom(request)
+    forwarded.job_id = record.job_id  # the full id, when the request gave a prefix
     try:
-        return ctx.runner.call(ctx.names.service_queue(RUNNER), request, job_pb2.JobRecord,
+        return ctx.runner.call(ctx.names.service_queue(RUNNER), forwarded, job_pb2.JobRecord,
                                timeout=RUNNER_TIMEOUT_S)
     except (RpcTimeout, Unroutable):
         raise Unavailable(

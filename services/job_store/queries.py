@@ -15,7 +15,7 @@ from fedhive.proto.v1 import admin_pb2, job_pb2, site_pb2
 from fedhive.sites.serde import site_heartbeat_to_proto
 from fedhive.state import JobStore
 
-from .context import JobStoreContext
+from .context import JobStoreContext, lookup_job
 from .replies import list_reply, record_reply
 
 BATCH = 200  # job ids read from the index, and records fetched, per round trip
@@ -90,14 +90,18 @@ def list_jobs(
 def get_job(
     request: admin_pb2.GetJobRequest, delivery: Delivery, ctx: JobStoreContext
 ) -> job_pb2.JobRecord:
-    return record_reply(ctx.state.get_job(request.job_id))
+    record = lookup_job(ctx, request.job_id)
+    reply = record_reply(record)
+    if ctx.logs is not None:  # each site's last error line (`fedhive logs`, `.logs`)
+        reply.last_errors.update(ctx.logs.last_errors(record.job_id))
+    return reply
 
 
 def get_job_metrics(
     request: admin_pb2.GetJobMetricsRequest, delivery: Delivery, ctx: JobStoreContext
 ) -> admin_pb2.JobMetrics:
     """The rounds the job's server job logged so far, oldest first (NotFound: no such job)."""
-    record = ctx.state.get_job(request.job_id)
+    record = lookup_job(ctx, request.job_id)
     rounds = [round_to_proto(round_from_dict(entry)) for entry in ctx.rounds.read(record.job_id)]
     return admin_pb2.JobMetrics(job_id=record.job_id, rounds=rounds)
 

@@ -33,7 +33,14 @@ from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2
 from fedhive.scheduling.feasibility import never_runnable
 from fedhive.text import clip
 
-from .context import DATA_ERRORS, JobStoreContext, find_job, job_id_for, publish_status
+from .context import (
+    DATA_ERRORS,
+    JobStoreContext,
+    find_job,
+    job_id_for,
+    lookup_job,
+    publish_status,
+)
 
 log = structlog.get_logger()
 
@@ -106,7 +113,7 @@ def clone_job(
     cmd: jobstore_pb2.StoreCloneJob, delivery: Delivery, ctx: JobStoreContext
 ) -> admin_pb2.SubmitJobReply:
     submitter = _submitter(cmd.submitter)
-    source = ctx.state.get_job(cmd.job_id)
+    source = lookup_job(ctx, cmd.job_id)
     job_id = job_id_for(ctx.names.ns, delivery.message_id)
     record = find_job(ctx, job_id)
     if record is None:
@@ -132,7 +139,7 @@ def resume_job(
     server job starts from the source's checkpoint (`Names.job_checkpoint_key`), which the
     workflows write after every completed round."""
     submitter = _submitter(cmd.submitter)
-    source = ctx.state.get_job(cmd.job_id)
+    source = lookup_job(ctx, cmd.job_id)
     job_id = job_id_for(ctx.names.ns, delivery.message_id)
     record = find_job(ctx, job_id)
     if record is None:

@@ -21,6 +21,11 @@
       "abort_grace_s": 10,                   optional, 10: SIGTERM, then SIGKILL after this
       "max_bundle_mib": 256,                 optional, 256: largest app bundle accepted
       "client_job_module": "fedhive_services.site_agent.client_job"  optional: what `start` runs
+      "share_logs": true                     optional, true: the client jobs' log lines (their
+                                             trainers' output included) go to the job-runner
+                                             for `fedhive logs`; false: nothing of them leaves
+                                             the site (the runner only hears that it does not
+                                             share them)
     }
 
 Trust: the agent runs only what the deployment's services send it. Its control queue takes
@@ -58,6 +63,7 @@ CLIENT_JOB_MODULE = "fedhive_services.site_agent.client_job"
 _KNOWN = (
     "site", "org", "broker_url", "namespace", "services_user", "storage_url",
     "heartbeat_interval_s", "workspace", "abort_grace_s", "max_bundle_mib", "client_job_module",
+    "share_logs",
 )
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -76,6 +82,7 @@ class SiteConfig:
     abort_grace_s: float = 10.0
     max_bundle_bytes: int = 256 * MiB
     client_job_module: str = CLIENT_JOB_MODULE
+    share_logs: bool = True  # its client jobs' log lines go to the job-runner (`logs`)
 
     @property
     def archive_limits(self) -> ArchiveLimits:
@@ -132,6 +139,7 @@ def load_site(site_dir: Path) -> SiteConfig:
         abort_grace_s=fields.seconds("abort_grace_s", 10.0),
         max_bundle_bytes=int(fields.seconds("max_bundle_mib", 256) * MiB),
         client_job_module=module,
+        share_logs=fields.flag("share_logs", True),
     )
 
 
@@ -195,6 +203,13 @@ class _Fields:
                 field=name,
             )
         return value.strip()
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self.raw.get(name, default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self.path}: field {name!r} must be true or false, got {value!r}",
+                              field=name)
+        return value
 
     def seconds(self, name: str, default: float) -> float:
         value = self.raw.get(name, default)

@@ -6,8 +6,9 @@
 The composition root: the site folder gives the site's config and resources (a bad file stops
 the start with one line naming file and field, exit 2), the agent reconciles its workspace
 (re-adopting the client jobs that outlived an earlier agent), then serves its control queue
-`{ns}.site.<site>`, heartbeats and publishes ended client jobs' notices. A clean shutdown stops
-consuming, aborts running client jobs, publishes their notices, announces `offline` and closes
+`{ns}.site.<site>`, heartbeats, publishes ended client jobs' notices and shares their logs
+(`logs.py`, unless site.json says `share_logs: false`). A clean shutdown stops consuming, aborts
+running client jobs, publishes their notices and last log lines, announces `offline` and closes
 the bus.
 """
 
@@ -33,6 +34,7 @@ from .config import agent_settings, load_site, load_site_resources
 from .handlers import ACCEPTS, make_handler
 from .heartbeat import EndedNotices, Heartbeats
 from .hub_config import load_hub
+from .logs import LogShipper
 from .records import AgentInfo, Workspace, now_ms
 from .status import render, site_status
 
@@ -58,6 +60,7 @@ class RunningAgent:
         workspace.save_agent(self._info)
         self._heartbeats = Heartbeats(agent, bus)
         self._notices = EndedNotices(agent, bus)
+        self._logs = LogShipper(agent, workspace, bus)
         self._control: Subscription | None = None
 
     def start(self) -> None:
@@ -68,6 +71,7 @@ class RunningAgent:
             senders=Senders.only(self.agent.config.services_user))
         self._heartbeats.start()
         self._notices.start()
+        self._logs.start()
 
     def _contact(self) -> None:
         self._info = replace(self._info, last_server_contact_ms=now_ms())
@@ -78,6 +82,7 @@ class RunningAgent:
             self._control.stop()
         self.agent.shutdown()
         self._notices.stop()
+        self._logs.stop()
         self._heartbeats.stop()
         self._bus.close()
         if self.agent.hub is not None:

@@ -6,6 +6,7 @@
     <workspace>/.agent/jobs/<job_id>.log  the client job's stdout and stderr
     <workspace>/.agent/jobs/<job_id>.cj.json  what the client job reported about itself
     <workspace>/.agent/jobs/<job_id>.end.json its last words: exit code and why it ended
+    <workspace>/.agent/jobs/<job_id>.logs.json how much of its log was shared (`logs`)
 
 Every file is written whole to a temporary name and renamed into place, so a reader (the
 `status` command, an agent restarted after SIGKILL) sees the old or the new version, never half.
@@ -137,6 +138,9 @@ class Workspace:
 
     def last_words_file(self, job_id: str) -> Path:
         return self.jobs_dir / f"{job_id}.end.json"
+
+    def log_position_file(self, job_id: str) -> Path:
+        return self.jobs_dir / f"{job_id}.logs.json"
 
     @property
     def agent_file(self) -> Path:

@@ -58,9 +58,11 @@ class Cli:
         return job_id
 
     def watch(self, job_id: str) -> dict[str, Any]:
-        """`fedhive watch` until the job is final; its last line."""
-        lines = self.run("watch", job_id, "--json").stdout.strip().splitlines()
-        last: dict[str, Any] = json.loads(lines[-1])
+        """`fedhive watch` until the job is final; its last line (exit 0 only for a job that
+        completed)."""
+        done = self.run("watch", job_id, "--json", check=False)
+        last: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        assert done.returncode == (0 if last["status"] == "FINISHED:COMPLETED" else 1), done.stderr
         return last
 
     def result(self, job_id: str, out: Path) -> dict[str, bytes]:

@@ -115,5 +115,5 @@ def test_cli_table_json_and_plot(gateway: GatewayProcess, log_round: LogRound,
     assert picture.read_bytes().startswith(b"\x89PNG") and picture.stat().st_size > 1000
 
     missing = _cli(gateway, "member@a", "metrics", "no-such-job", home=tmp_path)
-    assert missing.exit_code == 1
+    assert missing.exit_code == 3
     assert missing.stderr == "error: job no-such-job not found\n"

@@ -15,7 +15,8 @@ JOB_OWNERS = {
     "other": Submitter("stranger", "b", "lead"),
 }
 JOB_ACTIONS = (Action.CLONE, Action.RESUME, Action.ABORT, Action.DELETE, Action.DOWNLOAD)
-VIEW_ACTIONS = (Action.LIST, Action.GET, Action.WATCH, Action.METRICS, Action.SITES)
+VIEW_ACTIONS = (Action.LIST, Action.GET, Action.WATCH, Action.METRICS, Action.LOGS,
+                Action.SITES)
 
 # Written out by hand from FLARE's default policy (not derived from POLICY), as
 # "action: own org other" with Y = allowed; resume (fedhive's) is authorised as clone.

@@ -46,7 +46,7 @@ def test_missing_token_is_named(tmp_path: Path) -> None:
 def test_unreachable_gateway_is_an_error_without_traceback(tmp_path: Path) -> None:
     env = {**_home(tmp_path), "FEDHIVE_GATEWAY": UNREACHABLE, "FEDHIVE_TOKEN": "x"}
     result = runner.invoke(app, ["job", "some-id"], env=env)
-    assert result.exit_code == 1
+    assert result.exit_code == 5  # unreachable
     assert result.stderr.startswith(f"error: gateway {UNREACHABLE} is unavailable")
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
 
@@ -102,7 +102,7 @@ def test_submit_validates_locally_first(tmp_path: Path) -> None:
     (job / "app" / "config" / "config_fed_client.json").write_text("{}")
     env = {**_home(tmp_path), "FEDHIVE_GATEWAY": UNREACHABLE, "FEDHIVE_TOKEN": "x"}
     result = runner.invoke(app, ["submit", str(job)], env=env)
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a bad input file: nothing was sent
     lines = result.stderr.strip().splitlines()
     assert len(lines) >= 2  # no server app, min_clients too large: every violation, one a line
     assert any("server" in line for line in lines) and any("min_clients" in line for line in lines)
@@ -146,7 +146,7 @@ def test_job_json_schema() -> None:
         "start_time", "end_time", "duration_s", "schedule_count", "last_schedule_time",
         "next_schedule_time", "sites", "failed_sites", "deploy_map", "resource_spec",
         "min_clients", "mandatory_clients", "cloned_from", "resumed_from", "parent",
-        "pending_reason", "site_states", "history",
+        "pending_reason", "site_states", "history", "last_errors",
     ]
     assert values["status"] == "RUNNING" and values["status_reason"] == "started"
     assert values["submit_time"] == "2023-11-14T22:13:20.000Z"

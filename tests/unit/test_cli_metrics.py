@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from fedhive.cli.connection import GatewayTarget
 from fedhive.cli.main import app
 from fedhive.cli.metrics import metric_names, metrics_json, plot_series, write_plot
+from fedhive.errors import NotFound
 from fedhive.jobs.metrics import (
     RoundMetrics,
     round_from_dict,
@@ -22,6 +23,8 @@ from fedhive.jobs.metrics import (
     round_to_dict,
     round_to_proto,
 )
+from fedhive.jobs.record import JobMeta, JobRecord, Submitter
+from fedhive.jobs.status import JobStatus
 from fedhive.proto.v1 import admin_pb2
 
 runner = CliRunner()
@@ -41,11 +44,18 @@ ROUNDS = [_round(0, accuracy=0.61, loss=1.25), _round(1, accuracy=0.8, loss=0.5)
 
 
 class FakeSession:
-    """Stands in for `fedhive.sdk.Session`: answers `metrics` with fixed rounds."""
+    """Stands in for `fedhive.sdk.Session`: answers `metrics` with fixed rounds, and `get` of
+    job `j1` (or a prefix of it, any case: what the gateway resolves) with its record."""
 
     def __init__(self, rounds: list[RoundMetrics]) -> None:
         self.rounds = rounds
         self.asked: list[str] = []
+
+    def get(self, job_id: str) -> JobRecord:
+        if not "j1".startswith(job_id.lower()):
+            raise NotFound(f"job {job_id} not found", field="job_id")
+        return JobRecord("j1", JobMeta(name="n", deploy_map={}), JobStatus.RUNNING,
+                         Submitter("alice", "a", "lead"), AT)
 
     def metrics(self, job_id: str) -> list[RoundMetrics]:
         self.asked.append(job_id)
@@ -96,6 +106,15 @@ def test_cli_json_prints_the_schema(answer: Any) -> None:
     assert session.asked == ["j1"]
 
 
+def test_cli_takes_a_prefix_and_names_the_full_id(answer: Any) -> None:
+    session = answer(ROUNDS)
+    result = runner.invoke(app, ["metrics", "J", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["id"] == "j1" and session.asked == ["j1"]
+    unknown = runner.invoke(app, ["metrics", "x"])
+    assert unknown.exit_code == 3 and unknown.stderr == "error: job x not found\n"
+
+
 def test_cli_table_has_a_row_per_round_and_a_column_per_metric(answer: Any) -> None:
     answer(ROUNDS)
     result = runner.invoke(app, ["metrics", "j1"], env={"COLUMNS": "160"})
@@ -138,17 +157,17 @@ def test_cli_plot_with_json_keeps_stdout_json(answer: Any, tmp_path: Path) -> No
     assert target.read_text().lstrip().startswith("<?xml")
 
 
-@pytest.mark.parametrize(("rounds", "name", "message"), [
-    ([], "curve.png", "recorded no numeric aggregate metric: nothing to plot"),
-    ([_round(0, note="text only")], "curve.png", "nothing to plot"),
-    (ROUNDS, "curve.nope", "cannot write the plot"),
-    (ROUNDS, "missing-folder/curve.png", "cannot write the plot"),
+@pytest.mark.parametrize(("rounds", "name", "message", "code"), [
+    ([], "curve.png", "recorded no numeric aggregate metric: nothing to plot", 1),
+    ([_round(0, note="text only")], "curve.png", "nothing to plot", 1),
+    (ROUNDS, "curve.nope", "cannot write the plot", 2),  # a bad --plot: usage
+    (ROUNDS, "missing-folder/curve.png", "cannot write the plot", 2),
 ])
 def test_cli_plot_errors_are_one_line(answer: Any, tmp_path: Path, rounds: list[RoundMetrics],
-                                      name: str, message: str) -> None:
+                                      name: str, message: str, code: int) -> None:
     answer(rounds)
     result = runner.invoke(app, ["metrics", "j1", "--plot", str(tmp_path / name)])
-    assert result.exit_code == 1
+    assert result.exit_code == code
     assert result.stderr.startswith("error: ") and message in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
 

@@ -225,14 +225,14 @@ validate_app.command()(validate)
     json.dumps({**BASE_META, "min_clients": 10**30}),
     json.dumps({**BASE_META, "notes": "x" * (3 * MiB)}),
 ])
-def test_validate_and_submit_refuse_in_one_line_with_exit_1(tmp_path: Path, meta: str) -> None:
+def test_validate_and_submit_refuse_in_one_line_with_exit_2(tmp_path: Path, meta: str) -> None:
     root = write_job(tmp_path / "j1", meta)
     result = runner.invoke(validate_app, [str(root)])
-    assert result.exit_code == 1 and result.stdout == ""
+    assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
     env = {"HOME": str(tmp_path), "FEDHIVE_GATEWAY": "127.0.0.1:9", "FEDHIVE_TOKEN": "x"}
     submitted = runner.invoke(fedhive_app, ["submit", str(root)], env=env)
-    assert submitted.exit_code == 1 and submitted.stderr == result.stderr
+    assert submitted.exit_code == 2 and submitted.stderr == result.stderr
 
 
 def test_list_limits_are_checked_before_anything_is_sent(tmp_path: Path) -> None:

@@ -125,7 +125,7 @@ INVALID: dict[str, tuple[dict[str, Any], str]] = {
     "deploy_map_not_object": (meta_with(deploy_map=["srv"]), "deploy_map: must be an object"),
     "deploy_map_empty": (meta_with(deploy_map={}), "deploy_map: is empty"),
     "targets_not_list": (
-        meta_with(deploy_map={"srv": "server", "cli": ["site-1"]}),
+        meta_with(deploy_map={"srv": 5, "cli": ["site-1"]}),
         "deploy_map['srv']: must be a list",
     ),
     "no_server_app": (

@@ -57,6 +57,7 @@ class Action(StrEnum):
     GET = "get"
     WATCH = "watch"
     METRICS = "metrics"  # a job's per-round metrics: viewed like the job itself
+    LOGS = "logs"  # a job's log lines (server and sites): viewed like the job itself
     SITES = "sites"
     OPERATE = "operate"  # run an operation on an operation-driven job (and export its result)
 
@@ -80,6 +81,7 @@ RIGHT_OF: dict[Action, Right] = {
     Action.GET: Right.VIEW,
     Action.WATCH: Right.VIEW,
     Action.METRICS: Right.VIEW,
+    Action.LOGS: Right.VIEW,
     Action.SITES: Right.VIEW,
 }
 

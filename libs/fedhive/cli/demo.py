@@ -12,6 +12,11 @@ for the compose project).
 
 `--record FILE` writes {"demo_seconds": from the command's start to both jobs finished, ...}
 (bench/results/demo.json for the benchmark figure).
+
+`--json`: the progress and the summary go to stderr, and stdout gets one JSON object once the
+jobs ended: {demo_seconds, poc_start_seconds, completed (both jobs), jobs: [{name, id, status,
+reason, round, num_rounds, final_metrics, seconds, result, curve}]} (paths or null). Exit codes
+are the same; errors map as `fedhive.cli.exits` says (e.g. 5 when the gateway stops answering).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedhive.cli.exits import Exit, exit_code, fail, fail_with, message
+from fedhive.cli.jobs import JsonOpt, _print_json
 from fedhive.cli.metrics import plot_series, write_plot
 from fedhive.cli.poc import (
     CtlOpt,
@@ -40,6 +47,7 @@ from fedhive.cli.poc import (
     print_stopped,
     run_start,
 )
+from fedhive.cli.render import metrics_text
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError, PocFailed
 from fedhive.poc import checks, compose
@@ -91,10 +99,11 @@ def demo(
         "or as local processes.", show_default="docker compose when a Docker engine answers")]
     = None,
     rabbitmqctl: CtlOpt = "rabbitmqctl",
+    as_json: JsonOpt = False,
 ) -> None:
     """Start the system, run hello-numpy and hello-pt with live progress, summarise, stop it."""
     began = psutil.Process().create_time()
-    console = Console()
+    console = Console(stderr=as_json)  # with --json, stdout holds only the JSON
     settings = _settings()
     try:
         folder = find_examples(examples)
@@ -104,7 +113,7 @@ def demo(
             raise PocFailed(f"--compose needs docker compose: {no_engine}: start Docker, or "
                             "leave out --compose to run local processes")
     except FedhiveError as err:
-        raise _fail(str(err)) from None
+        raise fail(err) from None
     interrupt_on_sigterm()
     options = PocOptions(directory, 2, site_prefix, namespace, port,
                          rabbitmqctl=tuple(shlex.split(rabbitmqctl)))
@@ -134,18 +143,20 @@ def demo(
     with shielded():
         system.stop()
     if interrupted:
-        raise _fail("interrupted: stopped everything the demo had started", 130)
+        raise _fail("interrupted: stopped everything the demo had started", Exit.INTERRUPTED)
     if failure is not None or not all(job.completed for job in jobs):
         try:
             checks.blame_the_disk(layout.root, failure)
         except PocFailed as err:
-            raise _fail(str(err)) from None
+            raise fail(err) from None
     if failure is not None:
-        raise _fail(f"the demo failed: {str(failure) or type(failure).__name__}")
+        raise _fail(f"the demo failed: {message(failure)}", exit_code(failure))
     curves = {job.job_id: _curve(job, layout) for job in jobs}
     _summary(console, jobs, results, curves, demo_seconds, system.afterwards)
     if record is not None:
         _record(record, demo_seconds, poc_seconds, jobs)
+    if as_json:
+        _print_json(demo_json(jobs, results, curves, demo_seconds, poc_seconds))
     failed = [job for job in jobs if not job.completed]
     if failed:
         raise _fail("; ".join(f"{job.name} ended {job.status.value}: {job.reason}"
@@ -158,14 +169,14 @@ def _poc(options: PocOptions, settings: Settings, keep: bool, console: Console) 
     try:
         shown = poc_status(layout)
     except FedhiveError as err:
-        raise _fail(str(err)) from None
+        raise fail(err) from None
     use = f"export FEDHIVE_CONFIG={layout.cli_config}"
     token = cli_token(layout) if shown["running"] and shown["healthy"] else None
     if token:
         console.print(f"Using the POC running in {layout.root} (gateway {shown['gateway']}).")
         return _System(str(shown["gateway"]), token, lambda: None, f"(after `{use}`).")
     console.print(f"[bold]Starting a POC[/] in {layout.root} …")
-    started = run_start(options, settings)
+    started = run_start(options, settings, progress_to_stderr=console.stderr)
     if keep:
         return _System(started.state.gateway, started.token, lambda: None, f"(after `{use}`).")
     again = "fedhive poc start" + ("" if layout == PocLayout.at(None) else
@@ -195,11 +206,13 @@ def _compose(layout: PocLayout, options: PocOptions, keep: bool, console: Consol
                                "with the system running (these jobs went with `docker compose "
                                "down -v`; `fedhive demo --compose --keep` leaves them).")
     except FedhiveError as err:
-        raise _fail(str(err)) from None
+        raise fail(err) from None
     except OSError as err:  # the env file could not be written, or docker could not run
-        raise _fail(f"{err.filename}: {err.strerror}" if err.filename else str(err)) from None
+        raise fail_with(f"{err.filename}: {err.strerror}" if err.filename else str(err),
+                        exit_code(err)) from None
     except KeyboardInterrupt:
-        raise _fail("interrupted: stopped everything the demo had started", 130) from None
+        raise _fail("interrupted: stopped everything the demo had started",
+                    Exit.INTERRUPTED) from None
     return _System(stack.gateway, token, lambda: None,
                    f"(after `export FEDHIVE_GATEWAY={stack.gateway} FEDHIVE_TOKEN=...`, the "
                    f"token in {stack.env_file}); stop it with `{stack.hint('down', '-v')}`.")
@@ -225,7 +238,7 @@ def _run_jobs(session: Session, folder: Path, console: Console) -> list[JobProgr
         printed_rounds, printed_status = shown[job.job_id]
         for entry in job.rounds[printed_rounds:]:
             bars.console.print(f"{job.name}: round {entry.round + 1}/{entry.num_rounds} "
-                               f"{_metrics(entry.aggregate)} ({len(entry.sites)} sites)",
+                               f"{metrics_text(entry.aggregate)} ({len(entry.sites)} sites)",
                                soft_wrap=True)
         if job.status.value != printed_status:
             bars.console.print(f"{job.name}: {job.status.value}"
@@ -234,7 +247,7 @@ def _run_jobs(session: Session, folder: Path, console: Console) -> list[JobProgr
         total = job.num_rounds
         bars.update(tasks[job.job_id], total=total, completed=job.done,
                     rounds=f"round {job.done}/{total or '-'}", status=job.status.value,
-                    metrics=_metrics(job.final_metrics))
+                    metrics=metrics_text(job.final_metrics))
         if job.ended is not None:
             bars.stop_task(tasks[job.job_id])
 
@@ -242,11 +255,6 @@ def _run_jobs(session: Session, folder: Path, console: Console) -> list[JobProgr
         for name in EXAMPLES:
             jobs.append(run_job(session, folder / name, update))
     return jobs
-
-
-def _metrics(values: dict[str, Any]) -> str:
-    return " · ".join(f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"
-                      for name, value in values.items())
 
 
 def _stop(layout: PocLayout, settings: Settings, options: PocOptions, console: Console) -> None:
@@ -257,7 +265,7 @@ def _stop(layout: PocLayout, settings: Settings, options: PocOptions, console: C
         console.print(f"[red]stopping the POC: {err}[/]")
         return
     if report is not None:
-        print_stopped(report)
+        print_stopped(report, err=console.stderr)
 
 
 def _down(stack: compose.ComposeStack, console: Console) -> None:
@@ -288,7 +296,7 @@ def _summary(console: Console, jobs: list[JobProgress], results: dict[str, Path]
     for job in jobs:
         colour = "green" if job.completed else "red"
         table.add_row(job.name, f"[{colour}]{job.status.value}[/]",
-                      f"{job.done}/{job.num_rounds or '-'}", _metrics(job.final_metrics),
+                      f"{job.done}/{job.num_rounds or '-'}", metrics_text(job.final_metrics),
                       f"{job.seconds:.1f} s")
     console.print(table)
     accuracy = next((job.final_metrics.get("accuracy") for job in reversed(jobs)
@@ -307,6 +315,22 @@ def _summary(console: Console, jobs: list[JobProgress], results: dict[str, Path]
             console.print(f"  curve   {curve}", soft_wrap=True)
     console.print("A job's training curve, any time: `fedhive metrics ID --plot curve.png` "
                   + afterwards, soft_wrap=True)
+
+
+def demo_json(jobs: list[JobProgress], results: dict[str, Path],
+              curves: dict[str, Path | None], demo_seconds: float, poc_seconds: float
+              ) -> dict[str, Any]:
+    def path(value: Path | None) -> str | None:
+        return None if value is None else str(value)
+
+    return {"demo_seconds": round(demo_seconds, 2), "poc_start_seconds": round(poc_seconds, 2),
+            "completed": bool(jobs) and all(job.completed for job in jobs),
+            "jobs": [{"name": job.name, "id": job.job_id, "status": job.status.value,
+                      "reason": job.reason,
+                      "round": job.rounds[-1].round + 1 if job.rounds else 0,
+                      "num_rounds": job.num_rounds, "final_metrics": job.final_metrics,
+                      "seconds": round(job.seconds, 2), "result": path(results.get(job.job_id)),
+                      "curve": path(curves.get(job.job_id))} for job in jobs]}
 
 
 def _record(path: Path, demo_seconds: float, poc_seconds: float, jobs: list[JobProgress]) -> \

@@ -1,26 +1,30 @@
 """The job and site commands of `fedhive`: thin wrappers over `fedhive.sdk.Session`.
 
-Exit codes: 0 ok; 1 an error (one line on stderr: the gateway's message, or one line per
-violation of a job that fails local validation); 2 usage, including missing or invalid
-gateway settings.
+Errors are one line on stderr (the gateway's message; a job that fails local validation: one
+line per violation) and end the command with the exit code `fedhive.cli.exits` maps the error
+to: 2 usage (including missing or invalid gateway settings and a bad job), 3 not found, 4
+denied, 5 unreachable, 1 anything else. Wherever a job id is taken, a unique prefix of one
+(any case) is too: the job-store resolves it, and what the command prints names the full id.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
+import grpc
 import typer
 from rich.console import Console
 
 from fedhive.cli.connection import GatewayTarget, load_config_file
-from fedhive.cli.render import iso, job_json, jobs_table, print_job, site_json, sites_table
-from fedhive.errors import ConfigError, FedhiveError
-from fedhive.jobs.archive import Violations
+from fedhive.cli.exits import fail
+from fedhive.cli.render import job_json, jobs_table, print_job, site_json, sites_table
+from fedhive.errors import FedhiveError
 from fedhive.jobs.limits import MAX_LIST_LIMIT
 from fedhive.jobs.status import JobStatus
 from fedhive.sdk import Session
@@ -28,16 +32,11 @@ from fedhive.sdk import Session
 CONFIG_FILE = Path("~/.fedhive/config")
 CONFIG_FILE_KEY = "fedhive.config_file"  # ctx.meta: --config / FEDHIVE_CONFIG, None: CONFIG_FILE
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (a stable schema).")]
-JobId = Annotated[str, typer.Argument(help="The job's id.")]
+JobId = Annotated[str, typer.Argument(help="The job's id, or a unique prefix of it (any case).")]
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    typer.echo(message, err=True)
-    return typer.Exit(code)
 
 
 def _print_json(value: Any) -> None:
@@ -51,17 +50,21 @@ def _session(ctx: typer.Context) -> Iterator[Session]:
     config_file: Path = ctx.meta.get(CONFIG_FILE_KEY) or CONFIG_FILE
     try:
         session = options.merged(load_config_file(config_file.expanduser())).open()
-    except ConfigError as err:
-        raise _fail(f"error: {err}", 2) from None
-    try:
         with session:
             yield session
-    except Violations as err:
-        raise _fail("\n".join(err.violations)) from None
-    except FedhiveError as err:
-        raise _fail(f"error: {err}") from None
-    except OSError as err:
-        raise _fail(f"error: {err.filename or ''}: {err.strerror or err}") from None
+    except (FedhiveError, OSError, grpc.RpcError) as err:  # exit code: fedhive.cli.exits
+        raise fail(err) from None
+
+
+def full_id(session: Session, job_id: str) -> str:
+    """The job's full id: `job_id` itself when it is one (fedhive's ids are canonical uuids),
+    else what the gateway resolves it to (a unique prefix, any case)."""
+    try:
+        if str(uuid.UUID(job_id)) == job_id:
+            return job_id
+    except ValueError:
+        pass
+    return session.get(job_id).job_id
 
 
 def parse_statuses(values: list[str]) -> list[JobStatus]:
@@ -131,7 +134,8 @@ def jobs(
         typer.echo("No jobs found." if not (statuses or name or user or id_prefix)
                    else "No jobs matching the specified criteria.")
     else:
-        Console().print(jobs_table(found, now))
+        console = Console()
+        console.print(jobs_table(found, now, console.width))
 
 
 def job(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
@@ -147,6 +151,7 @@ def job(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
 def clone(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
     """Submit a copy of a job (new id, you as its submitter)."""
     with _session(ctx) as session:
+        job_id = full_id(session, job_id)
         result = session.clone(job_id)
     if as_json:
         _print_json({"id": result.job_id, "cloned_from": job_id})
@@ -157,6 +162,7 @@ def clone(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
 def resume(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
     """Continue an aborted or failed job from its last completed round (a new job)."""
     with _session(ctx) as session:
+        job_id = full_id(session, job_id)
         result = session.resume(job_id)
     if as_json:
         _print_json({"id": result.job_id, "resumed_from": job_id})
@@ -167,6 +173,7 @@ def resume(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
 def delete(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
     """Delete a finished job (its record and stored files)."""
     with _session(ctx) as session:
+        job_id = full_id(session, job_id)
         session.delete(job_id)
     if as_json:
         _print_json({"id": job_id, "deleted": True})
@@ -196,9 +203,10 @@ def download(
     as_json: JsonOpt = False,
 ) -> None:
     """Download a job into OUTPUT/<id>/: job.zip, meta.json and, if it has one, result.zip."""
-    folder = out / job_id
     with _session(ctx) as session:
         record = session.get(job_id)
+        job_id = record.job_id  # the full id, when a prefix was given
+        folder = out / job_id
         folder.mkdir(parents=True, exist_ok=True)
         files = [_download_to(session, job_id, folder / "job.zip", result=False)]
         if record.result_key:
@@ -223,18 +231,6 @@ def _download_to(session: Session, job_id: str, target: Path, *, result: bool) -
     finally:
         partial.unlink(missing_ok=True)
     return target
-
-
-def watch(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
-    """Follow a job's status until it is final (one line, or one JSON object, per change)."""
-    with _session(ctx) as session:
-        for record in session.watch(job_id):
-            if as_json:
-                typer.echo(json.dumps(job_json(record, _now_ms())))
-            else:
-                at = iso(record.history[-1].at_ms) if record.history else None
-                line = f"{at or ''} {record.job_id} {record.status.value} {record.status_reason}"
-                typer.echo(line.strip())
 
 
 def sites(ctx: typer.Context, as_json: JsonOpt = False) -> None:

@@ -1,20 +1,25 @@
 """`fedhive`: the admin command line.
 
 Job and site commands (submit, jobs, job, clone, resume, delete, download, abort, watch,
-sites; metrics in cli/metrics.py) talk to the gateway through `fedhive.sdk.Session`
-(cli/jobs.py; where the gateway is: cli/connection.py).
+sites; metrics in cli/metrics.py, logs in cli/logs.py) talk to the gateway through
+`fedhive.sdk.Session` (cli/jobs.py; where the gateway is: cli/connection.py).
 `validate` checks a job offline, `config` the service environment, `admin-token` makes a token.
 `poc start|status|stop` runs the whole system on this machine (cli/poc.py); `demo` runs the
-examples on it (cli/demo.py).
+examples on it (cli/demo.py). `watch` follows a job with its rounds (cli/watch.py).
+
+Every command takes `--json` and exits with the codes of cli/exits.py (0 ok, 1 failed job or
+other error, 2 usage, 3 not found, 4 denied, 5 unreachable).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
+import grpc
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -24,9 +29,12 @@ from fedhive.cli import jobs, poc
 from fedhive.cli.admins import admin_token
 from fedhive.cli.connection import GatewayTarget
 from fedhive.cli.demo import demo
-from fedhive.cli.jobs import CONFIG_FILE_KEY
+from fedhive.cli.exits import exit_code, fail, message
+from fedhive.cli.jobs import CONFIG_FILE_KEY, JsonOpt
+from fedhive.cli.logs import logs
 from fedhive.cli.metrics import metrics
 from fedhive.cli.validate import validate
+from fedhive.cli.watch import watch
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError
 
@@ -43,8 +51,9 @@ _SECRET = (
 app.command("validate")(validate)
 app.command("admin-token")(admin_token)
 for _command in (jobs.submit, jobs.jobs, jobs.job, jobs.clone, jobs.resume, jobs.delete,
-                 jobs.download, jobs.abort, jobs.watch, metrics, jobs.sites):
+                 jobs.download, jobs.abort, watch, metrics, jobs.sites):
     app.command()(_command)
+app.command()(logs)
 app.add_typer(poc.app, name="poc")
 app.command()(demo)
 
@@ -84,19 +93,18 @@ def gateway_options(
 
 
 @app.command()
-def version() -> None:
+def version(as_json: JsonOpt = False) -> None:
     """Print the fedhive version."""
-    typer.echo(__version__)
+    typer.echo(json.dumps({"version": __version__}) if as_json else __version__)
 
 
 @app.command()
-def config(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def config(as_json: JsonOpt = False) -> None:
     """Validate the FEDHIVE_* environment and print the effective settings (secrets masked)."""
     try:
         settings = Settings.from_env()
-    except FedhiveError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from None
+    except FedhiveError as err:  # a ConfigError: exit 2
+        raise fail(err) from None
     values = {k: _mask(k, v) for k, v in dataclasses.asdict(settings).items()}
     if as_json:
         typer.echo(json.dumps(values, indent=2))
@@ -121,4 +129,10 @@ def _mask(key: str, value: object) -> object:
 
 
 def main() -> None:
-    app()
+    """The `fedhive` console script. Commands catch their errors themselves; this is the net
+    for one that slips through: still one line and the mapped exit code, no traceback."""
+    try:
+        app()
+    except (FedhiveError, OSError, grpc.RpcError) as err:
+        typer.echo(f"error: {message(err)}", err=True)
+        sys.exit(exit_code(err))

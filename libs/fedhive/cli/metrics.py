@@ -28,7 +28,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhive.cli.jobs import JobId, JsonOpt, _fail, _print_json, _session
+from fedhive.cli.exits import Exit, exit_code, fail_with
+from fedhive.cli.jobs import JobId, JsonOpt, _print_json, _session, full_id
 from fedhive.cli.render import iso
 from fedhive.jobs.metrics import RoundMetrics
 
@@ -46,6 +47,7 @@ def metrics(
 ) -> None:
     """Show the per-round metrics a job recorded (a table, JSON, or a plot with --plot)."""
     with _session(ctx) as session:
+        job_id = full_id(session, job_id)
         rounds = session.metrics(job_id)
     if as_json:
         _print_json(metrics_json(job_id, rounds))
@@ -57,11 +59,13 @@ def metrics(
         return
     series = plot_series(rounds)
     if not series:
-        raise _fail(f"error: job {job_id} recorded no numeric aggregate metric: nothing to plot")
+        raise fail_with(f"job {job_id} recorded no numeric aggregate metric: nothing to plot")
     try:
         write_plot(plot, job_id, series)
-    except (OSError, ValueError) as err:
-        raise _fail(f"error: cannot write the plot {plot}: {err}") from None
+    except ValueError as err:  # a format matplotlib does not know: a bad --plot
+        raise fail_with(f"cannot write the plot {plot}: {err}", Exit.USAGE) from None
+    except OSError as err:  # a missing folder, no permission: 2; a full disk: 1
+        raise fail_with(f"cannot write the plot {plot}: {err}", exit_code(err)) from None
     typer.echo(f"Plot written to {plot}", err=as_json)  # stdout stays JSON with --json
 
 

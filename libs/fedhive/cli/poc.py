@@ -1,11 +1,18 @@
 """`fedhive poc start|status|stop`: the whole system on this machine (fedhive.poc).
 
-Progress goes to stdout; a failure is one line on stderr (what is missing and the fix) with
-exit code 1, after everything the command started was stopped. Ctrl-C: the same, exit 130.
+Progress goes to stdout (with `--json`: to stderr, and stdout gets one JSON object); a failure
+is one line on stderr (what is missing and the fix) after everything the command started was
+stopped, with the exit code `fedhive.cli.exits` maps it to (1 for a POC that cannot start, 2 for
+bad settings, ...). Ctrl-C: the same, exit 130.
+
+JSON: `start`: {dir, gateway, namespace, sites, s3_endpoint, embedded_s3, config, export,
+logs}; `status`: `fedhive.poc.status.poc_status`; `stop`: {dir, running (false: nothing was),
+stopped, killed, strays, problems}.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import signal
 from pathlib import Path
@@ -16,7 +23,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhive.cli.jobs import _print_json
+from fedhive.cli.exits import Exit, exit_code, fail, fail_with
+from fedhive.cli.jobs import JsonOpt, _print_json
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError
 from fedhive.poc.layout import PocLayout
@@ -34,9 +42,8 @@ CtlOpt = Annotated[str, typer.Option(
     "--rabbitmqctl", help="Command that runs rabbitmqctl (broker users), e.g. 'sudo rabbitmqctl'.")]
 
 
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
+def _fail(message: str, code: int = Exit.FAILED) -> typer.Exit:
+    return fail_with(message, Exit(code))
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -51,8 +58,8 @@ def interrupt_on_sigterm() -> None:
 def _settings() -> Settings:
     try:
         return Settings.from_env()
-    except FedhiveError as err:
-        raise _fail(str(err), 2) from None
+    except FedhiveError as err:  # a ConfigError: exit 2
+        raise fail(err) from None
 
 
 @app.command()
@@ -70,25 +77,33 @@ def start(
     timeout: Annotated[float, typer.Option(
         "--timeout", min=1, help="Seconds to wait for each step (S3, services, sites).")] = 90,
     rabbitmqctl: CtlOpt = "rabbitmqctl",
+    as_json: JsonOpt = False,
 ) -> None:
     """Start RabbitMQ and Redis if needed, an S3 server, the services and the site agents."""
     options = PocOptions(directory, sites, site_prefix, namespace, port, timeout,
                          tuple(shlex.split(rabbitmqctl)))
     interrupt_on_sigterm()
-    started = run_start(options, _settings())
-    print_usage(started)
+    started = run_start(options, _settings(), progress_to_stderr=as_json)
+    if as_json:
+        _print_json(started_json(started))
+    else:
+        print_usage(started)
 
 
-def run_start(options: PocOptions, settings: Settings) -> Started:
-    """`start_poc` with progress on stdout and failures as one line on stderr."""
+def run_start(options: PocOptions, settings: Settings, *, progress_to_stderr: bool = False
+              ) -> Started:
+    """`start_poc` with progress on stdout (or stderr) and failures as one line on stderr."""
     try:
-        return start_poc(options, settings, say=lambda line: typer.echo(f"poc: {line}"))
+        return start_poc(options, settings,
+                         say=lambda line: typer.echo(f"poc: {line}", err=progress_to_stderr))
     except FedhiveError as err:
-        raise _fail(str(err)) from None
+        raise fail(err) from None
     except KeyboardInterrupt:
-        raise _fail("interrupted: stopped everything the POC had started", 130) from None
+        raise _fail("interrupted: stopped everything the POC had started",
+                    Exit.INTERRUPTED) from None
     except OSError as err:
-        raise _fail(f"{err.filename}: {err.strerror}" if err.filename else str(err)) from None
+        raise fail_with(f"{err.filename}: {err.strerror}" if err.filename else str(err),
+                        exit_code(err)) from None
     except Exception as err:  # a bug: still one line, after everything started was stopped
         raise _fail(f"the POC did not start ({type(err).__name__}: {err}); everything it had "
                     "started was stopped: please report it") from None
@@ -109,6 +124,14 @@ def print_usage(started: Started) -> None:
         f"logs in {layout.logs}")
 
 
+def started_json(started: Started) -> dict[str, Any]:
+    state, layout = started.state, started.layout
+    return {"dir": str(layout.root), "gateway": state.gateway, "namespace": state.namespace,
+            "sites": state.sites, "s3_endpoint": state.s3_endpoint,
+            "embedded_s3": state.embedded_s3, "config": str(layout.cli_config),
+            "export": f"export FEDHIVE_CONFIG={layout.cli_config}", "logs": str(layout.logs)}
+
+
 def _dir_arg(layout: PocLayout) -> str:
     return "" if layout == PocLayout.at(None) else f" --dir {layout.root}"
 
@@ -116,14 +139,14 @@ def _dir_arg(layout: PocLayout) -> str:
 @app.command()
 def status(
     directory: DirOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (a stable schema).")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Each process of the POC alive or not, and each site online or not (exit 1 if not all)."""
     layout = PocLayout.at(directory)
     try:
         shown = poc_status(layout)
     except FedhiveError as err:
-        raise _fail(str(err)) from None
+        raise fail(err) from None
     if as_json:
         _print_json(shown)
     else:
@@ -152,22 +175,26 @@ def stop(
     infra: Annotated[bool, typer.Option(
         "--infra", help="Also stop the RabbitMQ and Redis that `poc start` started.")] = False,
     rabbitmqctl: CtlOpt = "rabbitmqctl",
+    as_json: JsonOpt = False,
 ) -> None:
     """Stop every process the POC started (and their children); delete its broker users."""
     layout = PocLayout.at(directory)
     try:
         report = stop_poc(layout, _settings(), tuple(shlex.split(rabbitmqctl)), infra_too=infra)
     except FedhiveError as err:
-        raise _fail(str(err)) from None
-    if report is None:
+        raise fail(err) from None
+    if as_json:
+        _print_json({"dir": str(layout.root), "running": report is not None,
+                     **dataclasses.asdict(report or StopReport())})
+    elif report is None:
         typer.echo(f"No POC is running in {layout.root}.")
-        return
-    print_stopped(report)
+    else:
+        print_stopped(report)
 
 
-def print_stopped(report: StopReport) -> None:
+def print_stopped(report: StopReport, *, err: bool = False) -> None:
     killed = f" ({', '.join(report.killed)} needed SIGKILL)" if report.killed else ""
     strays = f"; {report.strays} leftover process(es) stopped" if report.strays else ""
-    typer.echo(f"Stopped {len(report.stopped)} process(es){killed}{strays}.")
+    typer.echo(f"Stopped {len(report.stopped)} process(es){killed}{strays}.", err=err)
     for problem in report.problems:
         typer.echo(f"warning: {problem}", err=True)

@@ -10,13 +10,16 @@ JSON job (`--json`; `jobs --json` prints a list of these):
     hub site created the job: the upper tier's {tier, job_id, hub_site}),
     pending_reason ({} unless a SUBMITTED job waits), history [{from, to, reason, at}],
     site_states ({site: {allocated, deployed, started, excluded, gone, last_heartbeat}}: each
-    site's part in the run; excluded/gone say why, "" if not; last_heartbeat ISO or null)
+    site's part in the run; excluded/gone say why, "" if not; last_heartbeat ISO or null),
+    last_errors ({site: line}: the last error line of each site's log, "server" for the
+    server job's; {} when none or in `jobs --json`: `fedhive logs`)
 
 JSON site: name, org, online, last_seen (ISO 8601 UTC), running_jobs, resources, agent_version.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -78,6 +81,7 @@ def job_json(job: JobRecord, now_ms: int) -> dict[str, Any]:
             }
             for change in job.history
         ],
+        "last_errors": dict(sorted(job.last_errors.items())),
     }
 
 
@@ -103,6 +107,13 @@ def site_json(site: SiteInfo) -> dict[str, Any]:
     }
 
 
+def metrics_text(values: dict[str, Any]) -> str:
+    """Metrics on one line, by name (a Struct on the wire keeps no key order): `accuracy 0.9125
+    · loss 0.25` (floats to 4 significant digits)."""
+    return " · ".join(f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"
+                      for name, value in sorted(values.items()))
+
+
 def _human_time(ms: int | None) -> str:
     text = iso(ms)
     return "" if text is None else text[:19].replace("T", " ")
@@ -113,13 +124,50 @@ def _human_duration(job: JobRecord, now_ms: int) -> str:
     return "N/A" if seconds is None else str(timedelta(seconds=round(seconds)))
 
 
-def jobs_table(jobs: list[JobRecord], now_ms: int) -> Table:
-    table = Table("Job ID", "Name", "Status", "Submitter", "Submit Time (UTC)", "Run Duration")
-    table.columns[0].no_wrap = True
-    for job in jobs:
-        table.add_row(job.job_id, job.meta.name, job.status.value, job.submitter.name,
-                      _human_time(job.submit_time_ms), _human_duration(job, now_ms))
+JOB_COLUMNS = ("Job ID", "Name", "Status", "Submitter", "Submit Time (UTC)", "Run Duration")
+# Left out, in this order, while the table would not fit the console with its job ids and
+# statuses whole on one line and names at least NAME_MIN wide.
+OPTIONAL_JOB_COLUMNS = ("Run Duration", "Submitter", "Submit Time (UTC)")
+NAME_MIN = 8
+
+
+def jobs_table(jobs: list[JobRecord], now_ms: int, width: int | None = None) -> Table:
+    """The `fedhive jobs` table. Statuses are never cut, wrapped or shortened, nor are job ids
+    unless the console cannot hold them and the statuses side by side; names and the other
+    cells fold onto more lines when narrow. With the console's `width`, the optional columns
+    that would not fit are left out (the caption says which)."""
+    rows = [(job.job_id, job.meta.name, job.status.value, job.submitter.name,
+             _human_time(job.submit_time_ms), _human_duration(job, now_ms)) for job in jobs]
+    shown = list(JOB_COLUMNS)
+    for optional in OPTIONAL_JOB_COLUMNS:
+        if width is None or _table_width(shown, rows) <= width:
+            break
+        shown.remove(optional)
+    hidden = [name for name in JOB_COLUMNS if name not in shown]
+    caption = f"not shown (narrow console): {', '.join(hidden)}" if hidden else None
+    whole = ["Status"]  # too narrow even then: ids fold, statuses still never do
+    if width is None or _table_width(shown, rows) <= width:
+        whole.append("Job ID")
+    table = Table(*shown, caption=caption)
+    for column in table.columns:
+        column.overflow = "fold"  # never "…": a long cell goes on over more lines
+        column.no_wrap = column.header in whole
+    for row in rows:
+        table.add_row(*(cell for name, cell in zip(JOB_COLUMNS, row, strict=True)
+                        if name in shown))
     return table
+
+
+def _table_width(shown: list[str], rows: Sequence[tuple[str, ...]]) -> int:
+    """The width a table of the `shown` columns needs: each column as wide as its widest cell
+    (or header word), names at most NAME_MIN, plus padding and borders (3 per column, 1)."""
+    total = 1
+    for index, name in enumerate(JOB_COLUMNS):
+        if name not in shown:
+            continue
+        widest = max([len(row[index]) for row in rows] + [len(w) for w in name.split()])
+        total += 3 + (min(widest, NAME_MIN) if name == "Name" else widest)
+    return total
 
 
 def _parent(job: JobRecord) -> dict[str, Any] | None:
@@ -154,6 +202,11 @@ def print_job(console: Console, job: JobRecord, now_ms: int) -> None:
     console.print(details)
     if job.site_states:
         console.print(_site_states_table(values["site_states"]))
+    if job.last_errors:
+        errors = Table("Site", "Last Error", title="last errors (fedhive logs)")
+        for site, line in sorted(job.last_errors.items()):
+            errors.add_row(site, line)
+        console.print(errors)
     history = Table("At (UTC)", "From", "To", "Reason", title="history")
     for change in job.history:
         history.add_row(_human_time(change.at_ms),

@@ -2,13 +2,18 @@
 
 Used by the server job (components, workflows) and the client job (executors). `args` values
 that are themselves `{path, args}` objects are built first; an entry with an `id` is kept in
-`components` so others can name it.
+`components` so others can name it. A FLARE path (`nvflare....`) is built as its fedhive
+equivalent (`fedhive.jobs.flare_paths.TABLE`, the table the job validation applies): a config
+loaded with `fedhive.jobs.documents.load_app_config` has them mapped already, with the
+components they name resolved; one built on its own is mapped here, alone.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from fedhive.jobs.flare_paths import is_flare, map_component
 
 
 class ComponentError(Exception):
@@ -21,6 +26,12 @@ def build_component(spec: Any, where: str, components: dict[str, Any]) -> Any:
     if not isinstance(spec, dict) or not isinstance(spec.get("path"), str):
         raise ComponentError(f"{where}: must be an object with a 'path'")
     label = f"component {spec['id']!r}" if spec.get("id") else where
+    if is_flare(spec["path"]):
+        mapped, problems = map_component(spec)
+        if problems or mapped is None:
+            raise ComponentError(f"{label}: " + ("; ".join(problems) or
+                                 f"{spec['path']} has no object of its own in fedhive"))
+        spec = mapped
     module_name, _, class_name = spec["path"].rpartition(".")
     try:
         target = getattr(importlib.import_module(module_name), class_name)

@@ -16,7 +16,9 @@ re-signing URLs) for an executor that relays them, like `ClientAPIExecutor`.
 An executor may define `finalize()`: the worker calls it once when the run ends (END_RUN, or
 the client job is stopped), e.g. to stop a trainer subprocess.
 
-`config_fed_client.json` maps task names to executors; its `components` are built first, and an
+`config_fed_client.json` (or `.conf`, `.yml`, `.yaml`: any of FLARE's forms, read as the job
+validation read it, FLARE's component paths mapped: `fedhive.jobs.documents.load_app_config`)
+maps task names to executors; its `components` are built first, and an
 executor reaches them by id through `task.components` (FLARE's `engine.get_component(id)`):
 
     {"executors": [{"tasks": ["train", "validate"], "executor": {"path": "my.Trainer",
@@ -28,7 +30,6 @@ executor reaches them by id through `task.components` (FLARE's `engine.get_compo
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from collections.abc import Mapping
@@ -38,10 +39,11 @@ from typing import Any, Protocol, runtime_checkable
 
 from fedhive.blobs import PresignedUrl, RangeFetcher, TensorKind
 from fedhive.blobs.keys import blame_uploader
-from fedhive.errors import FedhiveError
+from fedhive.errors import FedhiveError, InvalidArgument
 from fedhive.fl.components import ComponentError, build_component
 from fedhive.fl.dxo import Dxo, MetaKey
 from fedhive.fl.result_packer import UploadChannel
+from fedhive.jobs import documents
 
 CLIENT_CONFIG = "config/config_fed_client.json"
 ANY_TASK = "*"
@@ -146,16 +148,13 @@ class Executors:
 
     @classmethod
     def load(cls, app_dir: Path) -> Executors:
-        """From `APP/config/config_fed_client.json`, with `APP/custom` importable."""
+        """From `APP/config/config_fed_client.<json|conf|yml|yaml>`, with `APP/custom`
+        importable."""
         custom = app_dir / "custom"
         if custom.is_dir() and str(custom) not in sys.path:
             sys.path.insert(0, str(custom))
-        path = app_dir / CLIENT_CONFIG
         try:
-            config = json.loads(path.read_text())
-        except OSError as err:
-            raise ComponentError(f"{CLIENT_CONFIG}: cannot read: {err.strerror}") from None
-        except json.JSONDecodeError as err:
-            raise ComponentError(f"{CLIENT_CONFIG}: invalid JSON at line {err.lineno}: "
-                                 f"{err.msg}") from None
-        return cls.from_config(config)
+            name, config = documents.load_app_config(app_dir, documents.CLIENT_CONFIG)
+        except InvalidArgument as err:
+            raise ComponentError(err.message) from None
+        return cls.from_config(config, name)

@@ -9,7 +9,9 @@ job-runner starts it, in its own process group, with the FEDHIVE_* environment):
    transport (`fedhive.fl.task_server`: the sites' task polls, results and upload grants, and
    `SiteGone` from the runner), about two handler threads per site; a monitor thread runs the
    task manager's checks every 0.2 s;
-3. loads `APP/config/config_fed_server.json`, builds its `components` then its `workflows` by
+3. loads `APP/config/config_fed_server.<json|conf|yml|yaml>` as the job validation read it
+   (`fedhive.jobs.documents.load_app_config`: any of FLARE's forms, FLARE's component paths
+   mapped), builds its `components` then its `workflows` by
    import path with their args (`APP/custom` is on sys.path), calls every workflow's
    `prepare(ctx)` (a bad component reference fails the job here), then runs the workflows in
    order (see `fedhive.fl.workflow`); each round a workflow reports is appended to
@@ -51,6 +53,7 @@ from fedhive.fl.components import build_component
 from fedhive.fl.task_manager import TaskManager
 from fedhive.fl.task_server import TaskServer
 from fedhive.fl.workflow import RoundReport, WorkflowContext
+from fedhive.jobs.documents import SERVER_CONFIG, load_app_config
 from fedhive.logging import configure
 from fedhive.names import Names
 from fedhive.proto.v1 import task_pb2
@@ -58,7 +61,6 @@ from fedhive.state.rounds import RoundLog
 from fedhive.state.runs import Outcome, RunTable
 from fedhive.structs import dict_to_struct
 
-SERVER_CONFIG = "config/config_fed_server.json"
 METRICS_FILE = "metrics.json"
 _CLOSING = b"\n]}\n"  # what ends metrics.json
 CHECK_INTERVAL_S = 0.2  # FLARE's task_check_period
@@ -71,7 +73,7 @@ def run_app(app_dir: Path, ctx: WorkflowContext) -> None:
     custom = app_dir / "custom"
     if custom.is_dir():
         sys.path.insert(0, str(custom))
-    config = json.loads((app_dir / SERVER_CONFIG).read_text())
+    _, config = load_app_config(app_dir, SERVER_CONFIG)
     ctx.operators = config.get("operators")
     for index, spec in enumerate(config.get("components", [])):
         build_component(spec, f"components[{index}]", ctx.components)

@@ -1,11 +1,14 @@
-"""Components of an app config (`{id, path, args}`) that name fedhive classes, checked early.
+"""Components of an app config (`{id, path, args}`), checked before the job is stored.
 
 A config lists `components` and `workflows` (server) and `executors` (`{tasks, executor}`,
-site); args may nest further components. A path under `fedhive.` is resolved here: the class
-must exist and the args must fit its constructor (unknown names and missing required ones are
-both errors), so a typo fails at submission instead of at run time on every site. Any other
-path is the job's own `custom/` code or a site-installed library: it is only checked for shape
-and never imported by a control-plane service.
+site); args may nest further components. The config checked is the translated one
+(`fedhive.jobs.flare_config`: FLARE's `nvflare.` paths are fedhive's by then, or refused).
+A path under `fedhive.` is resolved here: the class must exist and the args must fit its
+constructor (unknown names and missing required ones are both errors), so a typo fails at
+submission instead of at run time on every site. A path whose top module is in the app's
+`custom/` folder must name a module there that defines the name (read with `ast`, never
+imported: `fedhive.jobs.custom_code`). Any other path may be a library installed where the app
+runs: it is only checked for shape, and never imported by a control-plane service.
 """
 
 from __future__ import annotations
@@ -16,24 +19,29 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from fedhive.jobs.custom_code import CustomCode
 from fedhive.text import clip
 
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 _OWN_PACKAGE = "fedhive"
+_FLARE_PACKAGE = "nvflare"
 
 Problem = tuple[str, str]  # (field, message)
 
 
-def check_components(config: Mapping[str, Any], file: str) -> list[Problem]:
-    """All problems with the components declared in one parsed config file."""
+def check_components(config: Mapping[str, Any], file: str,
+                     custom: CustomCode | None = None) -> list[Problem]:
+    """All problems with the components declared in one parsed (and translated) config file;
+    `custom`: the app's code, when its files are at hand."""
     problems: list[Problem] = []
     ids: dict[str, int] = {}
     for where, component in _declared(config, file, problems):
-        label = _label(component, where)
+        label = component_label(component, where)
         cid = component.get("id")
         if isinstance(cid, str):
             ids[cid] = ids.get(cid, 0) + 1
-        problems += [(f"{file} {label}", text) for text in _component_problems(component)]
+        problems += [(f"{file} {label}", text)
+                     for text in _component_problems(component, custom)]
     problems += [
         (f"{file} component {clip(cid)}", f"id used by {count} components")
         for cid, count in ids.items()
@@ -74,7 +82,8 @@ def _nested(component: dict[str, Any], where: str) -> Iterator[tuple[str, dict[s
             yield from _nested(value, at)
 
 
-def _label(component: Mapping[str, Any], where: str) -> str:
+def component_label(component: Mapping[str, Any], where: str) -> str:
+    """How a message names a component: by its id, else by where it is in the config."""
     cid = component.get("id")
     return f"component {clip(cid)}" if isinstance(cid, str) and cid else f"component at {where}"
 
@@ -84,7 +93,7 @@ def _name(name: str) -> str:
     return clip(name, quote=False)
 
 
-def _component_problems(component: Mapping[str, Any]) -> list[str]:
+def _component_problems(component: Mapping[str, Any], custom: CustomCode | None) -> list[str]:
     cid = component.get("id")
     if cid is not None and not (isinstance(cid, str) and cid):
         return ["id must be a non-empty string"]
@@ -94,8 +103,12 @@ def _component_problems(component: Mapping[str, Any]) -> list[str]:
     args = component.get("args", {})
     if not isinstance(args, dict):
         return ["args must be an object"]
-    if path.split(".", 1)[0] != _OWN_PACKAGE:
-        return []  # custom/ code or a site library: checked when the job starts
+    top = path.split(".", 1)[0]
+    if top == _FLARE_PACKAGE:  # translation maps or refuses these; a config not translated
+        return [f"{clip(path, quote=False)} is FLARE's: the config must be translated first"]
+    if top != _OWN_PACKAGE:  # custom/ code (checked when at hand) or a site library
+        problem = custom.class_problem(path) if custom is not None else None
+        return [] if problem is None else [f"path {clip(path)}: {problem}"]
     return _fedhive_class_problems(path, set(args))
 
 

@@ -1,7 +1,8 @@
 """Load a job folder or zip into a validated `JobDefinition`.
 
 Accepted layouts (for a zip, also inside one top-level folder, as FLARE's client uploads it):
-* a job: `meta.json` plus one folder per app;
+* a job: its meta (`meta.json`, or FLARE's `meta.conf`, `meta.yml`, `meta.yaml`: one of them)
+  plus one folder per app;
 * a single app: `config/` directly at the root. It is wrapped as FLARE does: moved into a folder
   named after it and given a meta that deploys it to `@ALL`.
 `load_job` raises `UnsafeArchive` (archive safety) or `InvalidJobDefinition` (the job rules),
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fedhive.jobs import limits
+from fedhive.jobs import documents, limits
 from fedhive.jobs.archive import ArchiveLimits, Violations, write_zip
 from fedhive.jobs.files import JobFiles, folder_files, zip_files
 from fedhive.jobs.record import JobMeta
@@ -27,6 +28,7 @@ from fedhive.jobs.validation import (
     SERVER,
     AppConfigs,
     Checker,
+    deploy_targets,
 )
 from fedhive.text import clip
 
@@ -41,7 +43,7 @@ class InvalidJobDefinition(Violations):
 class JobDefinition:
     meta: JobMeta
     configs: dict[str, AppConfigs]  # per deploy_map app: the parsed configs its targets use
-    files: JobFiles = field(repr=False)  # the apps' files (meta.json is `meta`)
+    files: JobFiles = field(repr=False)  # the apps' files (the meta file is `meta`)
 
     @property
     def apps(self) -> list[str]:
@@ -134,12 +136,12 @@ def _job_layout(
     name to use where the job gives none.
     """
     top = files.top_level()
-    at_root = files.has_file(META_FILE) or files.has_dir("config")
+    at_root = bool(documents.find(files, documents.META)) or files.has_dir("config")
     if zipped and not at_root and len(top) == 1:
         (folder,) = top
         if files.has_dir(folder):
             files, hint = files.subtree(folder), folder
-    if files.has_file(META_FILE) or not files.has_dir("config"):
+    if documents.find(files, documents.META) or not files.has_dir("config"):
         return files, None, hint
     app = hint if APP_NAME.match(hint) else "app"
     generated = {
@@ -153,34 +155,39 @@ def _job_layout(
 
 
 def _validate(files: JobFiles, raw: dict[str, Any] | None, hint: str) -> JobDefinition:
-    if raw is None and not files.has_file(META_FILE):
-        checker = Checker(hint)
-        checker.add(META_FILE, "is missing (and there is no config/ folder of a single app)")
-        raise InvalidJobDefinition(checker.violations, field=checker.first_field)
+    meta_file = None
     if raw is None:
-        raw = _read_meta(files, hint)
+        meta_file, raw, used = _read_meta(files, hint)
+    else:
+        used = 0
     name = raw.get("name", hint)
     checker = Checker(name if isinstance(name, str) and name.strip() else hint)
+    checker.text_form_bytes = used
     meta = checker.meta(raw, hint)
     deploy_map = meta.deploy_map if meta else _usable_deploy_map(raw)
     configs = checker.apps(files, deploy_map)
     if meta is None or checker.violations:
         raise InvalidJobDefinition(checker.violations, field=checker.first_field)
-    return JobDefinition(meta, configs, files.without(META_FILE))
+    return JobDefinition(meta, configs, files.without(meta_file) if meta_file else files)
 
 
-def _read_meta(files: JobFiles, hint: str) -> dict[str, Any]:
-    """meta.json parsed, refused unread when it is larger than MAX_META_FILE_BYTES."""
+def _read_meta(files: JobFiles, hint: str) -> tuple[str, dict[str, Any], int]:
+    """The meta file's name, its content parsed (in whichever form it is written) and the
+    HOCON/YAML bytes that cost; refused unread when larger than MAX_META_FILE_BYTES (or, in
+    HOCON or YAML, MAX_TEXT_FORM_BYTES)."""
     checker = Checker(hint)
-    size = files.size(META_FILE)
-    if size > limits.MAX_META_FILE_BYTES:
-        checker.add(META_FILE, f"is {size} bytes, more than the limit of "
-                               f"{limits.MAX_META_FILE_BYTES}")
+    found = documents.find(files, documents.META)
+    if len(found) != 1:
+        if found:
+            checker.add(found[0], documents.two_forms(found))
+        else:
+            checker.add(META_FILE, "is missing (and there is no config/ folder of a single app)")
         raise InvalidJobDefinition(checker.violations, field=checker.first_field)
-    raw = checker.json_object(META_FILE, files.read(META_FILE), limits.MAX_META_DEPTH)
+    name = found[0]
+    raw = checker.document(files, name, limits.MAX_META_DEPTH, limits.MAX_META_FILE_BYTES)
     if raw is None:
         raise InvalidJobDefinition(checker.violations, field=checker.first_field)
-    return raw
+    return name, raw, checker.text_form_bytes
 
 
 def _usable_deploy_map(raw: dict[str, Any]) -> dict[str, list[str]]:
@@ -188,8 +195,9 @@ def _usable_deploy_map(raw: dict[str, Any]) -> dict[str, list[str]]:
     value = raw.get("deploy_map")
     if not isinstance(value, dict):
         return {}
+    flat = {app: deploy_targets(targets) for app, targets in value.items()}
     return {
         app: [ALL_SITES if t.upper() == ALL_SITES else t for t in targets if isinstance(t, str)]
-        for app, targets in value.items()
-        if isinstance(app, str) and isinstance(targets, list)
+        for app, targets in flat.items()
+        if isinstance(app, str) and targets is not None
     }

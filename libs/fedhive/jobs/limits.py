@@ -36,6 +36,12 @@ MAX_RUNTIME_S = 366 * 24 * 3600  # max_runtime, seconds
 # app configs (parsed by Python only, never put in a protobuf Struct) ------------------------
 MAX_CONFIG_DEPTH = 32
 
+# meta and app configs written in HOCON (.conf) or YAML (.yml, .yaml) ---------------------------
+# Their parsers are pure Python and slow (pyhocon reads about 15 KiB a second): a FLARE config is
+# a few KiB, and these bounds keep a job's parsing to seconds. JSON has no such bound.
+MAX_TEXT_FORM_BYTES = 64 * KiB  # one such file
+MAX_TEXT_FORM_TOTAL = 256 * KiB  # all such files of one job
+
 # admin requests -------------------------------------------------------------------------------
 MAX_JOB_ID = 128  # fedhive's job ids are 36-character uuids
 MAX_REASON = 1_000  # an abort reason, kept in the job's history

@@ -12,6 +12,8 @@ from typing import Any
 
 from fedhive.jobs.status import JobStatus
 
+DEFAULT_SPEC = "@default"  # resource_spec key: the spec of every site without its own
+
 
 @dataclass(frozen=True)
 class JobMeta:
@@ -23,6 +25,11 @@ class JobMeta:
     min_clients: int | None = None
     mandatory_clients: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def resource_spec_for(self, site: str) -> dict[str, Any]:
+        """What `site` must reserve: its own entry, else `@default`'s (kept only for a job
+        deployed to `@ALL`; validation writes it out for named sites), else nothing."""
+        return dict(self.resource_spec.get(site, self.resource_spec.get(DEFAULT_SPEC, {})))
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,9 @@ class JobRecord:
     site_states: dict[str, dict[str, Any]] = field(default_factory=dict)
     # the job this one continues from its checkpoint (`fedhive resume`); "" if none
     resumed_from: str = ""
+    # site ("server": the server job) -> the last error line of its shared log (`fedhive
+    # logs`); only GetJob fills it in (the job-store reads it beside the record)
+    last_errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def status_reason(self) -> str:

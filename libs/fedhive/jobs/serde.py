@@ -149,6 +149,7 @@ def record_to_proto(record: JobRecord) -> job_pb2.JobRecord:
         history=[change_to_proto(change) for change in record.history],
         reservations=record.reservations,
         resumed_from=record.resumed_from,
+        last_errors=record.last_errors,
     )
     if record.pending_reason:
         message.pending_reason.CopyFrom(dict_to_struct(record.pending_reason))
@@ -182,6 +183,7 @@ def record_from_proto(message: job_pb2.JobRecord) -> JobRecord:
             struct_to_dict(message.site_states) if message.HasField("site_states") else {}
         ),
         resumed_from=message.resumed_from,
+        last_errors=dict(message.last_errors),
     )
 
 

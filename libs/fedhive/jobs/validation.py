@@ -1,32 +1,46 @@
-"""The rules of a job's meta.json and of its apps, every violation collected in one pass.
+"""The rules of a job's meta and of its apps, every violation collected in one pass.
 
 A violation is one line `job '<name>': <field>: <problem>`. Checks never stop at the first
 problem: an author fixing a job sees the whole list at once (FLARE reports only the first).
 Numbers, sizes and nesting are held to `fedhive.jobs.limits`; every value a line quotes is
-clipped (`fedhive.text.clip`).
+clipped (`fedhive.text.clip`). The meta and the app configs may be written in any of FLARE's
+forms (JSON, HOCON, YAML: `fedhive.jobs.documents`); an app config is checked as fedhive will
+build it, FLARE's component paths mapped (`fedhive.jobs.flare_config`).
+
+A deploy_map entry takes FLARE's forms: a list of targets, one target as a string,
+`{"sites": [...]}` / `{"targets": [...]}`, or a list mixing strings and such objects; the
+stored meta has the flat list. `resource_spec["@default"]` is the spec of every site without an
+entry of its own: for a deploy_map naming its sites it is written out into each of them (the
+stored meta has no `@default`); with `@ALL` it is kept, for the scheduler to apply
+(`JobMeta.resource_spec_for`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedhive.jobs import limits
+from fedhive.jobs import documents, limits
 from fedhive.jobs.components import check_components
+from fedhive.jobs.custom_code import CustomCode, ScanBudget
 from fedhive.jobs.files import JobFiles
-from fedhive.jobs.jsontext import JsonProblem, parse_json
+from fedhive.jobs.flare_config import translate_config
+from fedhive.jobs.formats import is_text_form, parse_document
+from fedhive.jobs.jsontext import JsonProblem
 from fedhive.jobs.operators import operator_problems
-from fedhive.jobs.record import JobMeta
+from fedhive.jobs.record import DEFAULT_SPEC, JobMeta
 from fedhive.text import ECHO_LIMIT, clip
 
 SERVER = "server"
 ALL_SITES = "@ALL"
 SERVER_CONFIG = "config/config_fed_server.json"
 CLIENT_CONFIG = "config/config_fed_client.json"
-META_FILE = "meta.json"
+META_FILE = "meta.json"  # what fedhive stores; a job may come with meta.conf, .yml or .yaml
+DEPLOY_KEYS = ("sites", "targets")  # the keys of a deploy_map entry's object form
 KNOWN_META_KEYS = ("name", "resource_spec", "deploy_map", "min_clients", "mandatory_clients")
 MAX_RUNTIME_KEY = "max_runtime"  # kept with the other keys in `extra`; the job-runner reads it
 
@@ -50,7 +64,8 @@ def site_name_problem(name: object) -> str | None:
 
 @dataclass(frozen=True)
 class AppConfigs:
-    """The parsed config files an app needs for where it is deployed (None: not needed)."""
+    """The config files an app needs for where it is deployed (None: not needed), parsed and
+    translated as the server and client jobs build them (FLARE's paths mapped)."""
 
     server: dict[str, Any] | None
     client: dict[str, Any] | None
@@ -63,6 +78,8 @@ class Checker:
         self.job = job
         self.violations: list[str] = []
         self.first_field: str | None = None
+        self.text_form_bytes = 0  # HOCON and YAML read so far (MAX_TEXT_FORM_TOTAL)
+        self.custom_budget = ScanBudget()  # custom/ code the checks may still read
 
     def add(self, field: str, problem: str) -> None:
         self.first_field = self.first_field or field
@@ -119,10 +136,9 @@ class Checker:
             field = f"deploy_map[{clip(app)}]"
             if not APP_NAME.match(app):
                 self.add(field, "invalid app name (letters, digits, '.', '-', '_'; at most 128)")
-            if not isinstance(targets, list):
-                self.add(field, "must be a list of site names, 'server' or '@ALL'")
-                continue
-            result[app] = self._targets(field, targets)
+            flat = deploy_targets(targets, functools.partial(self.add, field), self.job)
+            if flat is not None:
+                result[app] = self._targets(field, flat)
         self._placement(result)
         return result
 
@@ -201,7 +217,9 @@ class Checker:
             return {}
         for site, spec in value.items():
             field = f"resource_spec[{clip(site)}]"
-            if (problem := site_name_problem(site)) is not None:
+            if site == DEFAULT_SPEC:
+                pass  # every site without an entry of its own
+            elif (problem := site_name_problem(site)) is not None:
                 self.add(field, problem)
             elif not to_all and site not in sites:
                 self.add(field, "is not a site in the deploy_map")
@@ -212,7 +230,11 @@ class Checker:
                 bound = limits.MAX_RESOURCE_AMOUNT
                 if not 0 <= amount <= bound:
                     self.add(path, f"must be a number between 0 and {bound}, got {_json(amount)}")
-        return dict(value)
+        default = value.get(DEFAULT_SPEC)
+        if to_all or not isinstance(default, dict):
+            return dict(value)
+        own = {k: v for k, v in value.items() if k != DEFAULT_SPEC}
+        return {**own, **{site: dict(default) for site in sites if site not in own}}
 
     def _max_runtime(self, value: Any) -> None:
         if value is None:
@@ -233,37 +255,103 @@ class Checker:
                 continue
             to_server = SERVER in targets or ALL_SITES in targets
             to_sites = any(t != SERVER for t in targets)
-            server = self._config(files, app, SERVER_CONFIG, "server") if to_server else None
-            client = self._config(files, app, CLIENT_CONFIG, "sites") if to_sites else None
+            custom = CustomCode(files, app, self.custom_budget)
+            server = self._config(files, app, SERVER_CONFIG, "server", custom) \
+                if to_server else None
+            client = self._config(files, app, CLIENT_CONFIG, "sites", custom) \
+                if to_sites else None
             result[app] = AppConfigs(server, client)
         return result
 
-    def _config(self, files: JobFiles, app: str, config: str, role: str) -> dict[str, Any] | None:
-        name = f"{app}/{config}"
-        if not files.has_file(name):
-            self.add(name, f"is missing (app {clip(app)} is deployed to {role})")
+    def _config(self, files: JobFiles, app: str, config: str, role: str,
+                custom: CustomCode) -> dict[str, Any] | None:
+        """The app's config, parsed in whichever form it has and translated as it will be
+        built (`fedhive.jobs.flare_config`); None when missing or unusable."""
+        found = documents.find(files, f"{app}/{config.removesuffix('.json')}")
+        if len(found) != 1:
+            if found:
+                self.add(found[0], documents.two_forms(found))
+            else:
+                self.add(f"{app}/{config}", f"is missing (app {clip(app)} is deployed to {role})")
             return None
-        parsed = self.json_object(name, files.read(name), limits.MAX_CONFIG_DEPTH)
-        if parsed is not None:
-            problems = check_components(parsed, name)
-            if role == "server":
-                problems += operator_problems(parsed, name)
-            for field, problem in problems:
-                self.add(field, problem)
-        return parsed
+        name = found[0]
+        parsed = self.document(files, name, limits.MAX_CONFIG_DEPTH, None)
+        if parsed is None:
+            return None
+        translated = translate_config(parsed, name, custom)
+        problems = translated.problems + check_components(translated.config, name, custom)
+        if role == "server":
+            problems += operator_problems(translated.config, name)
+        for field, problem in problems:
+            self.add(field, problem)
+        return translated.config
 
-    def json_object(self, name: str, content: bytes, max_depth: int) -> dict[str, Any] | None:
-        """Parse a JSON object file, recording a violation (naming the line where there is one)
-        on failure."""
+    def document(self, files: JobFiles, name: str, max_depth: int,
+                 max_bytes: int | None) -> dict[str, Any] | None:
+        """Read and parse an object document (JSON, HOCON or YAML, by its name), recording a
+        violation (naming the line where there is one) when it is too large or unusable."""
+        size = files.size(name)
+        problem = documents.size_problem(name, size, max_bytes)
+        if problem is None and is_text_form(name):
+            self.text_form_bytes += size
+            if self.text_form_bytes > limits.MAX_TEXT_FORM_TOTAL:
+                problem = (f"makes {self.text_form_bytes} bytes of HOCON and YAML in the job, "
+                           f"more than the limit of {limits.MAX_TEXT_FORM_TOTAL}")
+        if problem is not None:
+            self.add(name, problem)
+            return None
         try:
-            parsed = parse_json(content, max_depth=max_depth)
+            parsed = parse_document(name, files.read(name), max_depth=max_depth)
         except JsonProblem as err:
             self.add(name, str(err))
             return None
         if not isinstance(parsed, dict):
-            self.add(name, "must be a JSON object")
+            self.add(name, "must be a JSON object" if name.endswith(".json")
+                     else "must be an object")
             return None
         return parsed
+
+
+def deploy_targets(value: Any, report: Callable[[str], None] | None = None,
+                   job: str = "") -> list[Any] | None:
+    """The targets of a deploy_map entry in any of FLARE's forms, flat (not yet checked as
+    names); None when the entry has no usable form. `report` gets each problem."""
+    say = report or (lambda problem: None)
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return _deploy_object(value, say, job)
+    if not isinstance(value, list):
+        say("must be a list of site names, 'server' or '@ALL', one of them, or "
+            "{\"sites\": [...]}")
+        return None
+    flat: list[Any] = []
+    for item in value:
+        if isinstance(item, dict):
+            flat += _deploy_object(item, say, job)
+        else:
+            flat.append(item)
+    return flat
+
+
+def _deploy_object(value: dict[str, Any], say: Callable[[str], None], job: str) -> list[Any]:
+    """`{"sites": [...]}` / `{"targets": [...]}` (both: their union), with FLARE's message for
+    another key."""
+    unknown = sorted(str(k) for k in value if k not in DEPLOY_KEYS)
+    if unknown:
+        keys = ", ".join(clip(k) for k in unknown)
+        say(f"Unknown keys {{{keys}}} in deploy_map entry for job {clip(job, quote=False)}. "
+            f"Valid keys are: {list(DEPLOY_KEYS)}")
+    flat: list[Any] = []
+    for key in DEPLOY_KEYS:
+        targets = value.get(key)
+        if targets is None:
+            continue
+        if not isinstance(targets, list):
+            say(f"{key!r} must be a list of site names, 'server' or '@ALL', not {_json(targets)}")
+            continue
+        flat += targets
+    return flat
 
 
 def _numbers(value: Any, path: str = "") -> Iterator[tuple[str, int | float]]:

@@ -102,5 +102,5 @@ def resolve_placement(meta: JobMeta, online: Collection[str]) -> Placement:
 
 
 def requirement_for(meta: JobMeta, site: str) -> dict[str, Any]:
-    """The site's resource requirement from `resource_spec` (`{}` when none)."""
-    return dict(meta.resource_spec.get(site, {}))
+    """The site's resource requirement: its `resource_spec` entry, else `@default`'s, else `{}`."""
+    return meta.resource_spec_for(site)

@@ -8,7 +8,7 @@
             print(record.status, record.status_reason)
 
 Every method returns dataclasses (`fedhive.jobs.record.JobRecord`, `SubmitResult`, `SiteInfo`,
-`fedhive.jobs.metrics.RoundMetrics`)
+`fedhive.jobs.metrics.RoundMetrics`, `fedhive.joblogs.wire.LogEntry` through `logs`)
 and raises `fedhive.errors` types: the gateway's error comes back as the same typed error
 (`NotFound`, `PermissionDenied`, `Unauthenticated`, `InvalidArgument`, ...), translated once,
 here. A job folder or zip is validated locally before it is uploaded.
@@ -41,6 +41,7 @@ from fedhive.jobs.serde import record_from_proto, status_to_proto
 from fedhive.jobs.status import JobStatus
 from fedhive.proto.v1 import admin_pb2, admin_pb2_grpc, operation_pb2
 from fedhive.retry import Backoff
+from fedhive.sdk.logs import LogStream
 from fedhive.sdk.operations import (
     OperationResult,
     job_gone,
@@ -252,6 +253,19 @@ class Session:
                                              timeout=self.timeout)
         )
         return [round_from_proto(entry) for entry in reply.rounds]
+
+    def logs(self, job_id: str, site: str | None = None, follow: bool = False, *,
+             after: str = "") -> LogStream:
+        """The job's log lines, oldest first (`fedhive.joblogs.wire.LogEntry`: id, site
+        ("server" for the server job), source ("server" / "client_job": a client job or its
+        trainer), line); only `site`'s ("server": the server job's) when given; after the line
+        `after` when given (an id seen before). `follow`: go on with new lines as they come,
+        until the job is final and every site that ran it sent its last line. The stream also
+        says which sites do not share their logs (`LogStream.private_sites`)."""
+        request = admin_pb2.JobLogsRequest(job_id=job_id, site=site or "", follow=follow,
+                                           after=after)
+        return LogStream(self._stream(self._stub.JobLogs(
+            request, metadata=self._metadata, timeout=None if follow else self.timeout)))
 
     def watch(self, job_id: str) -> Iterator[JobRecord]:
         """The job's record now and after every status change; ends after a final status."""

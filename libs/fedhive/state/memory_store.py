@@ -119,6 +119,12 @@ class MemoryStateStore:
         with self._lock:
             return [copy.deepcopy(self._jobs[i]) for i in job_ids if i in self._jobs]
 
+    def find_job_ids(self, prefix: str, *, limit: int) -> list[str]:
+        wanted = prefix.lower()
+        with self._lock:
+            found = [i for i in self._jobs if i.lower().startswith(wanted)]
+        return sorted(found)[: max(limit, 0)]
+
     def _check_fence(self, fence: Fence | None, refused: str) -> None:
         if fence is not None and self._fences.get(fence.lease) != fence.token:
             current = self._fences.get(fence.lease)

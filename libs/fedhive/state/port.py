@@ -86,6 +86,12 @@ class JobStore(Protocol):
         read in one round trip; ids with no record are skipped."""
         ...
 
+    def find_job_ids(self, prefix: str, *, limit: int) -> list[str]:
+        """Ids of jobs that start with `prefix`, compared case-insensitively, sorted: at most
+        `limit` of them (the search stops there; which ones, when more match, is not
+        specified). Reads the job-id index only, never a record; "" matches every job."""
+        ...
+
     def change_status(
         self,
         job_id: str,

@@ -10,6 +10,7 @@ repeat would (AlreadyExists, IllegalTransition); callers are idempotent on messa
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -44,10 +45,28 @@ log = structlog.get_logger()
 
 DEFAULT_BACKOFF = Backoff(base=0.05, cap=1.0, max_attempts=6)
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError)
+SCAN_COUNT = 1000  # index entries Redis examines per ZSCAN call of `find_job_ids`
 
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
+
+
+def prefix_pattern(prefix: str) -> str:
+    """A Redis glob for what starts with `prefix`, ignoring case: ASCII letters become `[aA]`,
+    glob characters are escaped; from the first non-ASCII character on (Redis matches bytes)
+    anything goes, and the caller compares exactly."""
+    parts = []
+    for char in prefix:
+        if not char.isascii():
+            break
+        if char.isalpha():
+            parts.append(f"[{char.lower()}{char.upper()}]")
+        elif char in "*?[]\\^":
+            parts.append("\\" + char)
+        else:
+            parts.append(char)
+    return "".join(parts) + "*"
 
 
 class RedisStateStore:
@@ -174,6 +193,28 @@ class RedisStateStore:
     def get_jobs(self, job_ids: Sequence[str]) -> list[JobRecord]:
         return self._read_jobs(f"read {len(job_ids)} jobs", job_ids)
 
+    def find_job_ids(self, prefix: str, *, limit: int) -> list[str]:
+        """ZSCAN of the submission index with a case-insensitive MATCH pattern: Redis filters
+        the ids, only matches come back, in batches of `SCAN_COUNT` ids examined."""
+        if limit <= 0:
+            return []
+        index = self._names.jobs_by_submit_key
+        pattern, wanted = prefix_pattern(prefix), prefix.lower()
+        found: set[str] = set()
+        cursor = 0
+
+        def scan(at: int) -> tuple[int, list[tuple[str, float]]]:
+            return cast(tuple[int, list[tuple[str, float]]],
+                        self._client.zscan(index, at, match=pattern, count=SCAN_COUNT))
+
+        while True:
+            cursor, batch = self._call(f"find jobs {prefix!r} in {index}",
+                                       functools.partial(scan, cursor))
+            # A rehash may repeat a member; the pattern may let a non-ASCII near miss through.
+            found.update(m for m, _ in batch if m.lower().startswith(wanted))
+            if cursor == 0 or len(found) >= limit:
+                return sorted(found)[:limit]
+
     def _read_jobs(self, what: str, ids: Sequence[str]) -> list[JobRecord]:
         """Records with their history, skipping ids deleted since they were listed."""
 
@@ -271,14 +312,15 @@ class RedisStateStore:
 
     def delete_job(self, job_id: str) -> bool:
         n = self._names
+        own = [n.job_key(job_id), n.job_history_key(job_id), n.job_rounds_key(job_id),
+               *n.job_log_keys(job_id)]  # the job's logs go with it (`fedhive.state.joblogs`)
         keys = [
-            n.job_key(job_id),
-            n.job_history_key(job_id),
-            n.job_rounds_key(job_id),
+            *own,
             n.jobs_by_submit_key,
             *(n.jobs_by_status_key(status.value) for status in JobStatus),
         ]
-        return bool(self._script(f"delete job {job_id}", scripts.DELETE_JOB, keys, [job_id]))
+        return bool(self._script(f"delete job {job_id}", scripts.DELETE_JOB, keys,
+                                 [job_id, str(len(own))]))
 
     # leases ---------------------------------------------------------------------------------
     def _lease_keys(self, name: str) -> list[str]:

@@ -151,9 +151,12 @@ return record(KEYS[1], KEYS[2])
 
 # KEYS: job, history, round log, by-submit, by-status(s) for every status. ARGV: job_id.
 DELETE_JOB = LuaScript(
-    """if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-for i = 4, #KEYS do redis.call('ZREM', KEYS[i], ARGV[1]) end
+    """-- ARGV: job id, how many of the first KEYS are the job's own keys (deleted; default 3);
+-- the KEYS after them are indexes the id is removed from.
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local own = tonumber(ARGV[2] or '3')
+for i = 1, own do redis.call('DEL', KEYS[i]) end
+for i = own + 1, #KEYS do redis.call('ZREM', KEYS[i], ARGV[1]) end
 return 1
 """
 )

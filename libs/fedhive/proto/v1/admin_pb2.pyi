@@ -438,3 +438,112 @@ class JobMetrics(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobMetrics: _TypeAlias = JobMetrics  # noqa: Y015
+
+@_typing.final
+class JobLogsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SITE_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    site: _builtins.str
+    """only this site's lines ("server": the server job's); "" every site's"""
+    after: _builtins.str
+    """the id of the last line already seen; "" from the oldest line kept"""
+    follow: _builtins.bool
+    """keep streaming until the job is final and its logs are complete"""
+    limit: _builtins.int
+    """lines per page (job-store); 0: its default"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        site: _builtins.str = ...,
+        after: _builtins.str = ...,
+        follow: _builtins.bool = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "follow", b"follow", "job_id", b"job_id", "limit", b"limit", "site", b"site"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobLogsRequest: _TypeAlias = JobLogsRequest  # noqa: Y015
+
+@_typing.final
+class LogLine(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    SITE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    LINE_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """the line's id in the job's log stream ("<ms>-<seq>"), increasing"""
+    site: _builtins.str
+    """the site, or "server" """
+    source: _builtins.str
+    """"server" (the server job) or "client_job" (a client job or its trainer)"""
+    line: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        site: _builtins.str = ...,
+        source: _builtins.str = ...,
+        line: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "line", b"line", "site", b"site", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogLine: _TypeAlias = LogLine  # noqa: Y015
+
+@_typing.final
+class JobLogPage(_message.Message):
+    """A page of the job's log lines (one JobLogs stream message; one job-store reply)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    LINES_FIELD_NUMBER: _builtins.int
+    PRIVATE_SITES_FIELD_NUMBER: _builtins.int
+    FINAL_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    final: _builtins.bool
+    """the job's status is final"""
+    complete: _builtins.bool
+    """the server job and every site that ran the job sent their last line"""
+    more: _builtins.bool
+    """more lines are stored after this page"""
+    @_builtins.property
+    def lines(self) -> _containers.RepeatedCompositeFieldContainer[Global___LogLine]: ...
+    @_builtins.property
+    def private_sites(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """sites of the job that do not share their logs"""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        lines: _abc.Iterable[Global___LogLine] | None = ...,
+        private_sites: _abc.Iterable[_builtins.str] | None = ...,
+        final: _builtins.bool = ...,
+        complete: _builtins.bool = ...,
+        more: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "final", b"final", "job_id", b"job_id", "lines", b"lines", "more", b"more", "private_sites", b"private_sites"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobLogPage: _TypeAlias = JobLogPage  # noqa: Y015

@@ -92,6 +92,11 @@ class AdminServiceStub:
                 request_serializer=fedhive_dot_v1_dot_admin__pb2.GetJobMetricsRequest.SerializeToString,
                 response_deserializer=fedhive_dot_v1_dot_admin__pb2.JobMetrics.FromString,
                 _registered_method=True)
+        self.JobLogs = channel.unary_stream(
+                '/fedhive.v1.AdminService/JobLogs',
+                request_serializer=fedhive_dot_v1_dot_admin__pb2.JobLogsRequest.SerializeToString,
+                response_deserializer=fedhive_dot_v1_dot_admin__pb2.JobLogPage.FromString,
+                _registered_method=True)
         self.RunOperation = channel.unary_unary(
                 '/fedhive.v1.AdminService/RunOperation',
                 request_serializer=fedhive_dot_v1_dot_operation__pb2.OperationRequest.SerializeToString,
@@ -178,6 +183,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JobLogs(self, request, context):
+        """The job's log lines (the server job's, each site's client job and trainer), oldest first;
+        with `follow`, new ones as they come until the job is final and its logs are complete.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RunOperation(self, request, context):
         """One operation on an operation-driven job's sites (authorised as managing the job).
         """
@@ -248,6 +261,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetJobMetrics,
                     request_deserializer=fedhive_dot_v1_dot_admin__pb2.GetJobMetricsRequest.FromString,
                     response_serializer=fedhive_dot_v1_dot_admin__pb2.JobMetrics.SerializeToString,
+            ),
+            'JobLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.JobLogs,
+                    request_deserializer=fedhive_dot_v1_dot_admin__pb2.JobLogsRequest.FromString,
+                    response_serializer=fedhive_dot_v1_dot_admin__pb2.JobLogPage.SerializeToString,
             ),
             'RunOperation': grpc.unary_unary_rpc_method_handler(
                     servicer.RunOperation,
@@ -557,6 +575,33 @@ class AdminService:
             '/fedhive.v1.AdminService/GetJobMetrics',
             fedhive_dot_v1_dot_admin__pb2.GetJobMetricsRequest.SerializeToString,
             fedhive_dot_v1_dot_admin__pb2.JobMetrics.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fedhive.v1.AdminService/JobLogs',
+            fedhive_dot_v1_dot_admin__pb2.JobLogsRequest.SerializeToString,
+            fedhive_dot_v1_dot_admin__pb2.JobLogPage.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,10 @@ class AdminServiceStub:
     ListSites: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListSitesRequest, _admin_pb2.ListSitesReply]
     GetJobMetrics: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetJobMetricsRequest, _admin_pb2.JobMetrics]
     """The rounds the job's workflows reported so far, oldest first (readable while it runs)."""
+    JobLogs: _grpc.UnaryStreamMultiCallable[_admin_pb2.JobLogsRequest, _admin_pb2.JobLogPage]
+    """The job's log lines (the server job's, each site's client job and trainer), oldest first;
+    with `follow`, new ones as they come until the job is final and its logs are complete.
+    """
     RunOperation: _grpc.UnaryUnaryMultiCallable[_operation_pb2.OperationRequest, _operation_pb2.OperationReply]
     """One operation on an operation-driven job's sites (authorised as managing the job)."""
     ExportOperationResult: _grpc.UnaryUnaryMultiCallable[_operation_pb2.ExportRequest, _operation_pb2.ExportReply]
@@ -75,6 +79,10 @@ class AdminServiceAsyncStub(AdminServiceStub):
     ListSites: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListSitesRequest, _admin_pb2.ListSitesReply]  # type: ignore[assignment]
     GetJobMetrics: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetJobMetricsRequest, _admin_pb2.JobMetrics]  # type: ignore[assignment]
     """The rounds the job's workflows reported so far, oldest first (readable while it runs)."""
+    JobLogs: _aio.UnaryStreamMultiCallable[_admin_pb2.JobLogsRequest, _admin_pb2.JobLogPage]  # type: ignore[assignment]
+    """The job's log lines (the server job's, each site's client job and trainer), oldest first;
+    with `follow`, new ones as they come until the job is final and its logs are complete.
+    """
     RunOperation: _aio.UnaryUnaryMultiCallable[_operation_pb2.OperationRequest, _operation_pb2.OperationReply]  # type: ignore[assignment]
     """One operation on an operation-driven job's sites (authorised as managing the job)."""
     ExportOperationResult: _aio.UnaryUnaryMultiCallable[_operation_pb2.ExportRequest, _operation_pb2.ExportReply]  # type: ignore[assignment]
@@ -162,6 +170,16 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.JobMetrics, _abc.Awaitable[_admin_pb2.JobMetrics]]:
         """The rounds the job's workflows reported so far, oldest first (readable while it runs)."""
+
+    @_abc_1.abstractmethod
+    def JobLogs(
+        self,
+        request: _admin_pb2.JobLogsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_admin_pb2.JobLogPage], _abc.AsyncIterator[_admin_pb2.JobLogPage]]:
+        """The job's log lines (the server job's, each site's client job and trainer), oldest first;
+        with `follow`, new ones as they come until the job is final and its logs are complete.
+        """
 
     @_abc_1.abstractmethod
     def RunOperation(

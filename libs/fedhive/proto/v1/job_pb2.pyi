@@ -242,6 +242,26 @@ class JobRecord(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class LastErrorsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     JOB_ID_FIELD_NUMBER: _builtins.int
     META_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
@@ -261,6 +281,7 @@ class JobRecord(_message.Message):
     RESERVATIONS_FIELD_NUMBER: _builtins.int
     SITE_STATES_FIELD_NUMBER: _builtins.int
     RESUMED_FROM_FIELD_NUMBER: _builtins.int
+    LAST_ERRORS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     status: Global___JobStatus.ValueType
     submit_time_ms: _builtins.int
@@ -297,6 +318,12 @@ class JobRecord(_message.Message):
         last_heartbeat_ms (0: none seen)}: each site's part in the run, kept after the job ends
         """
 
+    @_builtins.property
+    def last_errors(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """site ("server": the server job) -> the last error line of its logs (`fedhive logs`); filled
+        by GetJob only
+        """
+
     def __init__(
         self,
         *,
@@ -319,10 +346,11 @@ class JobRecord(_message.Message):
         reservations: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         site_states: _struct_pb2.Struct | None = ...,
         resumed_from: _builtins.str = ...,
+        last_errors: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "pending_reason", b"pending_reason", "site_states", b"site_states", "submitter", b"submitter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["archive_key", b"archive_key", "end_time_ms", b"end_time_ms", "failed_sites", b"failed_sites", "history", b"history", "job_id", b"job_id", "last_schedule_time_ms", b"last_schedule_time_ms", "meta", b"meta", "next_schedule_time_ms", b"next_schedule_time_ms", "pending_reason", b"pending_reason", "reservations", b"reservations", "result_key", b"result_key", "resumed_from", b"resumed_from", "schedule_count", b"schedule_count", "site_states", b"site_states", "sites", b"sites", "start_time_ms", b"start_time_ms", "status", b"status", "submit_time_ms", b"submit_time_ms", "submitter", b"submitter"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["archive_key", b"archive_key", "end_time_ms", b"end_time_ms", "failed_sites", b"failed_sites", "history", b"history", "job_id", b"job_id", "last_errors", b"last_errors", "last_schedule_time_ms", b"last_schedule_time_ms", "meta", b"meta", "next_schedule_time_ms", b"next_schedule_time_ms", "pending_reason", b"pending_reason", "reservations", b"reservations", "result_key", b"result_key", "resumed_from", b"resumed_from", "schedule_count", b"schedule_count", "site_states", b"site_states", "sites", b"sites", "start_time_ms", b"start_time_ms", "status", b"status", "submit_time_ms", b"submit_time_ms", "submitter", b"submitter"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

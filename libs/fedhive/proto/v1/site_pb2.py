@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66\x65\x64hive/v1/site.proto\x12\nfedhive.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x9a\x01\n\rSiteHeartbeat\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0b\n\x03org\x18\x02 \x01(\t\x12\x17\n\x0frunning_job_ids\x18\x03 \x03(\t\x12*\n\tresources\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x15\n\ragent_version\x18\x05 \x01(\t\x12\x12\n\nsent_at_ms\x18\x06 \x01(\x03\"\x9a\x01\n\x0cJobHeartbeat\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x14\n\x0c\x63urrent_task\x18\x03 \x01(\t\x12\x10\n\x08progress\x18\x04 \x01(\x01\x12\x12\n\nsent_at_ms\x18\x05 \x01(\x03\x12\r\n\x05\x65nded\x18\x06 \x01(\x08\x12\x11\n\texit_code\x18\x07 \x01(\x05\x12\x0e\n\x06reason\x18\x08 \x01(\t\"U\n\x15\x43heckResourcesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12,\n\x0brequirement\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"@\n\x13\x43heckResourcesReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\'\n\x16\x43\x61ncelResourcesRequest\x12\r\n\x05token\x18\x01 \x01(\t\")\n\x14\x43\x61ncelResourcesReply\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"9\n\x18\x41llocateResourcesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"D\n\x16\x41llocateResourcesReply\x12*\n\tresources\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\"&\n\x14\x46reeResourcesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"g\n\rDeployRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08\x61pp_name\x18\x02 \x01(\t\x12\x12\n\nbundle_url\x18\x03 \x01(\t\x12 \n\x18\x62undle_url_expires_at_ms\x18\x04 \x01(\x03\"2\n\x0cStartRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\tJ\x04\x08\x02\x10\x03R\x0cserver_queue\".\n\x0c\x41\x62ortRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x15\n\x13ListSiteJobsRequest\"\xc1\x01\n\x07SiteJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12+\n\nallocation\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x10\n\x08\x61pp_name\x18\x05 \x01(\t\x12\x16\n\texit_code\x18\x06 \x01(\x05H\x00\x88\x01\x01\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x15\n\rupdated_at_ms\x18\x08 \x01(\x03\x42\x0c\n\n_exit_code\"6\n\x11ListSiteJobsReply\x12!\n\x04jobs\x18\x01 \x03(\x0b\x32\x13.fedhive.v1.SiteJobb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66\x65\x64hive/v1/site.proto\x12\nfedhive.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x9a\x01\n\rSiteHeartbeat\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0b\n\x03org\x18\x02 \x01(\t\x12\x17\n\x0frunning_job_ids\x18\x03 \x03(\t\x12*\n\tresources\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x15\n\ragent_version\x18\x05 \x01(\t\x12\x12\n\nsent_at_ms\x18\x06 \x01(\x03\"\x9a\x01\n\x0cJobHeartbeat\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x14\n\x0c\x63urrent_task\x18\x03 \x01(\t\x12\x10\n\x08progress\x18\x04 \x01(\x01\x12\x12\n\nsent_at_ms\x18\x05 \x01(\x03\x12\r\n\x05\x65nded\x18\x06 \x01(\x08\x12\x11\n\texit_code\x18\x07 \x01(\x05\x12\x0e\n\x06reason\x18\x08 \x01(\t\"~\n\x08LogBatch\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\r\n\x05start\x18\x03 \x01(\x04\x12\'\n\x05lines\x18\x04 \x03(\x0b\x32\x18.fedhive.v1.LogBatchLine\x12\x0b\n\x03\x65of\x18\x05 \x01(\x08\x12\x0f\n\x07private\x18\x06 \x01(\x08\"8\n\x0cLogBatchLine\x12\x0b\n\x03\x65nd\x18\x01 \x01(\x04\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\x08\"U\n\x15\x43heckResourcesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12,\n\x0brequirement\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"@\n\x13\x43heckResourcesReply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\'\n\x16\x43\x61ncelResourcesRequest\x12\r\n\x05token\x18\x01 \x01(\t\")\n\x14\x43\x61ncelResourcesReply\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"9\n\x18\x41llocateResourcesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"D\n\x16\x41llocateResourcesReply\x12*\n\tresources\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\"&\n\x14\x46reeResourcesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"g\n\rDeployRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08\x61pp_name\x18\x02 \x01(\t\x12\x12\n\nbundle_url\x18\x03 \x01(\t\x12 \n\x18\x62undle_url_expires_at_ms\x18\x04 \x01(\x03\"2\n\x0cStartRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\tJ\x04\x08\x02\x10\x03R\x0cserver_queue\".\n\x0c\x41\x62ortRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x15\n\x13ListSiteJobsRequest\"\xc1\x01\n\x07SiteJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12+\n\nallocation\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x10\n\x08\x61pp_name\x18\x05 \x01(\t\x12\x16\n\texit_code\x18\x06 \x01(\x05H\x00\x88\x01\x01\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x15\n\rupdated_at_ms\x18\x08 \x01(\x03\x42\x0c\n\n_exit_code\"6\n\x11ListSiteJobsReply\x12!\n\x04jobs\x18\x01 \x03(\x0b\x32\x13.fedhive.v1.SiteJobb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,30 +37,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SITEHEARTBEAT']._serialized_end=222
   _globals['_JOBHEARTBEAT']._serialized_start=225
   _globals['_JOBHEARTBEAT']._serialized_end=379
-  _globals['_CHECKRESOURCESREQUEST']._serialized_start=381
-  _globals['_CHECKRESOURCESREQUEST']._serialized_end=466
-  _globals['_CHECKRESOURCESREPLY']._serialized_start=468
-  _globals['_CHECKRESOURCESREPLY']._serialized_end=532
-  _globals['_CANCELRESOURCESREQUEST']._serialized_start=534
-  _globals['_CANCELRESOURCESREQUEST']._serialized_end=573
-  _globals['_CANCELRESOURCESREPLY']._serialized_start=575
-  _globals['_CANCELRESOURCESREPLY']._serialized_end=616
-  _globals['_ALLOCATERESOURCESREQUEST']._serialized_start=618
-  _globals['_ALLOCATERESOURCESREQUEST']._serialized_end=675
-  _globals['_ALLOCATERESOURCESREPLY']._serialized_start=677
-  _globals['_ALLOCATERESOURCESREPLY']._serialized_end=745
-  _globals['_FREERESOURCESREQUEST']._serialized_start=747
-  _globals['_FREERESOURCESREQUEST']._serialized_end=785
-  _globals['_DEPLOYREQUEST']._serialized_start=787
-  _globals['_DEPLOYREQUEST']._serialized_end=890
-  _globals['_STARTREQUEST']._serialized_start=892
-  _globals['_STARTREQUEST']._serialized_end=942
-  _globals['_ABORTREQUEST']._serialized_start=944
-  _globals['_ABORTREQUEST']._serialized_end=990
-  _globals['_LISTSITEJOBSREQUEST']._serialized_start=992
-  _globals['_LISTSITEJOBSREQUEST']._serialized_end=1013
-  _globals['_SITEJOB']._serialized_start=1016
-  _globals['_SITEJOB']._serialized_end=1209
-  _globals['_LISTSITEJOBSREPLY']._serialized_start=1211
-  _globals['_LISTSITEJOBSREPLY']._serialized_end=1265
+  _globals['_LOGBATCH']._serialized_start=381
+  _globals['_LOGBATCH']._serialized_end=507
+  _globals['_LOGBATCHLINE']._serialized_start=509
+  _globals['_LOGBATCHLINE']._serialized_end=565
+  _globals['_CHECKRESOURCESREQUEST']._serialized_start=567
+  _globals['_CHECKRESOURCESREQUEST']._serialized_end=652
+  _globals['_CHECKRESOURCESREPLY']._serialized_start=654
+  _globals['_CHECKRESOURCESREPLY']._serialized_end=718
+  _globals['_CANCELRESOURCESREQUEST']._serialized_start=720
+  _globals['_CANCELRESOURCESREQUEST']._serialized_end=759
+  _globals['_CANCELRESOURCESREPLY']._serialized_start=761
+  _globals['_CANCELRESOURCESREPLY']._serialized_end=802
+  _globals['_ALLOCATERESOURCESREQUEST']._serialized_start=804
+  _globals['_ALLOCATERESOURCESREQUEST']._serialized_end=861
+  _globals['_ALLOCATERESOURCESREPLY']._serialized_start=863
+  _globals['_ALLOCATERESOURCESREPLY']._serialized_end=931
+  _globals['_FREERESOURCESREQUEST']._serialized_start=933
+  _globals['_FREERESOURCESREQUEST']._serialized_end=971
+  _globals['_DEPLOYREQUEST']._serialized_start=973
+  _globals['_DEPLOYREQUEST']._serialized_end=1076
+  _globals['_STARTREQUEST']._serialized_start=1078
+  _globals['_STARTREQUEST']._serialized_end=1128
+  _globals['_ABORTREQUEST']._serialized_start=1130
+  _globals['_ABORTREQUEST']._serialized_end=1176
+  _globals['_LISTSITEJOBSREQUEST']._serialized_start=1178
+  _globals['_LISTSITEJOBSREQUEST']._serialized_end=1199
+  _globals['_SITEJOB']._serialized_start=1202
+  _globals['_SITEJOB']._serialized_end=1395
+  _globals['_LISTSITEJOBSREPLY']._serialized_start=1397
+  _globals['_LISTSITEJOBSREPLY']._serialized_end=1451
 # @@protoc_insertion_point(module_scope)

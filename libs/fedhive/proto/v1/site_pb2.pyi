@@ -108,6 +108,77 @@ class JobHeartbeat(_message.Message):
 Global___JobHeartbeat: _TypeAlias = JobHeartbeat  # noqa: Y015
 
 @_typing.final
+class LogBatch(_message.Message):
+    """New lines of a client job's log (its stdout and stderr, its trainer's included), published
+    by the site agent on `site.<site>.logs` (`fedhive.joblogs`). The job-runner stores a batch
+    only from the site's own broker user, for a job deployed to that site.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SITE_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    LINES_FIELD_NUMBER: _builtins.int
+    EOF_FIELD_NUMBER: _builtins.int
+    PRIVATE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    site: _builtins.str
+    start: _builtins.int
+    """byte offset in the log file where the first line starts"""
+    eof: _builtins.bool
+    """the client job ended: nothing follows for the job"""
+    private: _builtins.bool
+    """the site does not share its logs (no lines; sent once)"""
+    @_builtins.property
+    def lines(self) -> _containers.RepeatedCompositeFieldContainer[Global___LogBatchLine]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        site: _builtins.str = ...,
+        start: _builtins.int = ...,
+        lines: _abc.Iterable[Global___LogBatchLine] | None = ...,
+        eof: _builtins.bool = ...,
+        private: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["eof", b"eof", "job_id", b"job_id", "lines", b"lines", "private", b"private", "site", b"site", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogBatch: _TypeAlias = LogBatch  # noqa: Y015
+
+@_typing.final
+class LogBatchLine(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    END_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    end: _builtins.int
+    """byte offset just past the line: what the runner deduplicates by"""
+    text: _builtins.str
+    """the line (clipped), without its newline"""
+    error: _builtins.bool
+    """an error line (structlog level error/critical, a traceback's last line)"""
+    def __init__(
+        self,
+        *,
+        end: _builtins.int = ...,
+        text: _builtins.str = ...,
+        error: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "error", b"error", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogBatchLine: _TypeAlias = LogBatchLine  # noqa: Y015
+
+@_typing.final
 class CheckResourcesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

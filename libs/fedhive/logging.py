@@ -2,22 +2,32 @@
 
 Call `configure()` once from a composition root; modules get loggers with
 `structlog.get_logger()` and bind `service`, `job_id`, `site`, `task_id` where known.
+
+Libraries (pika, boto3, grpc, urllib3) log through stdlib `logging`: their lines (warnings and
+up) go through the same renderer, as JSON objects with `logger`, `service`, the process's own
+context (a server or client job's `job_id`, `site`) and whatever the thread bound with
+`structlog.contextvars` (the client job's worker binds `task_id` while it runs a task), so a
+log reader never meets plain text among the JSON.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import structlog
 
 
-def configure(service: str, *, level: str = "INFO", json: bool = True) -> Any:
-    """Route structlog (and stdlib logging of libraries such as pika) to stderr.
+def configure(service: str, *, level: str = "INFO", json: bool = True,
+              context: Mapping[str, Any] | None = None) -> Any:
+    """Route structlog and stdlib logging (libraries, WARNING and up) to stderr.
 
-    Returns a logger bound with `service`.
+    `context` (e.g. a job's `job_id` and `site`) is added to library lines; returns a logger
+    bound with `service` and `context`.
     """
+    process = {"service": service, **(context or {})}
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -26,20 +36,25 @@ def configure(service: str, *, level: str = "INFO", json: bool = True) -> Any:
     renderer: Any = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )
+    exceptions: Any = (structlog.processors.format_exc_info if json
+                       else structlog.processors.ExceptionPrettyPrinter())
     structlog.configure(
-        processors=[
-            *shared,
-            structlog.processors.format_exc_info
-            if json
-            else structlog.processors.ExceptionPrettyPrinter(),
-            renderer,
-        ],
+        processors=[*shared, exceptions, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
-    # Libraries log through stdlib; keep them quiet unless they warn.
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.WARNING, format="%(name)s %(levelname)s %(message)s"
-    )
-    return structlog.get_logger().bind(service=service)
+
+    def add_process(_: Any, __: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+        return {**process, **event}
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name, add_process,
+                           structlog.stdlib.ExtraAdder()],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, exceptions,
+                    renderer]))
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(logging.WARNING)  # libraries stay quiet unless they warn
+    return structlog.get_logger().bind(**process)

@@ -85,7 +85,8 @@ def prepare(args: argparse.Namespace) -> ClientJob:
     base = Settings.from_env()
     config = load_site(args.site_dir)
     job_id = check_job_id(args.job_id)
-    log = configure("client-job", level=base.log_level).bind(site=config.site, job_id=job_id)
+    log = configure("client-job", level=base.log_level,
+                    context={"site": config.site, "job_id": job_id})
     return ClientJob(agent_settings(base, config), config, job_id, args.server_queue, log)
 
 

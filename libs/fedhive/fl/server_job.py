@@ -213,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FedhiveError as err:
         print(f"fedhive-server-job: {err}", file=sys.stderr)
         return 2
-    log = configure("server-job", level=settings.log_level).bind(job_id=args.job_id)
+    log = configure("server-job", level=settings.log_level, context={"job_id": args.job_id})
     args.workspace.mkdir(parents=True, exist_ok=True)
     names = Names(settings.namespace)
     store = S3BlobStore.from_settings(settings)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import structlog
 from google.protobuf.message import Message
 
 from fedhive.blobs import PresignedFetcher, PresignedUploader, PresignedUrl
@@ -140,7 +141,8 @@ class Worker:
         log = self._log.bind(task=name, task_id=task_id)
         self.current_task = name
         started = time.monotonic()
-        outcome = self._execute(assignment, log)
+        with structlog.contextvars.bound_contextvars(task_id=task_id):  # libraries' lines too
+            outcome = self._execute(assignment, log)
         if self.abort.is_set():
             log.info("worker.result_dropped", why="the client job is stopping")
             return None

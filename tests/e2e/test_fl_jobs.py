@@ -12,8 +12,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,33 +24,16 @@ from fedhive.jobs.metrics import RoundMetrics
 from fedhive.jobs.status import JobStatus
 from fedhive.sdk import Session
 from tests.fixtures.bus import Broker
+from tests.fixtures.cli import Cli as BaseCli
+from tests.fixtures.cli import cli_for
 from tests.fixtures.e2e import System
-from tests.fixtures.gateway import GatewayProcess, write_admins
 from tests.fixtures.infra import wait_for
 
 S = JobStatus
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-FEDHIVE = str(Path(sys.executable).parent / "fedhive")
 
 
-class Cli:
-    def __init__(self, gateway: GatewayProcess, home: Path) -> None:
-        self.gateway = gateway
-        self.home = home
-
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FEDHIVE_")}
-        env.update(HOME=str(self.home), FEDHIVE_GATEWAY=self.gateway.address,
-                   FEDHIVE_TOKEN=self.gateway.admins.tokens["lead@a"], COLUMNS="200")
-        done = subprocess.run([FEDHIVE, *args], env=env, capture_output=True, text=True,
-                              timeout=120, check=False)
-        if check:
-            assert done.returncode == 0, done.stderr
-        return done
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.run(*args, "--json").stdout)
-
+class Cli(BaseCli):
     def submit(self, folder: Path) -> str:
         job_id: str = self.json("submit", str(folder))["id"]
         return job_id
@@ -73,15 +54,8 @@ class Cli:
 
 @pytest.fixture(scope="module")
 def cli(e2e_system: System, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
-    tmp = tmp_path_factory.mktemp("fl-cli")
-    gateway = GatewayProcess(e2e_system.settings, write_admins(tmp / "admins.json"),
-                             tmp / "gateway.log")
-    gateway.start()
-    try:
-        gateway.wait_ready()
-        yield Cli(gateway, tmp)
-    finally:
-        gateway.stop()
+    with cli_for(e2e_system.settings, tmp_path_factory.mktemp("fl-cli"), Cli) as cli:
+        yield cli
 
 
 def rounds(result: dict[str, bytes]) -> list[dict[str, Any]]:

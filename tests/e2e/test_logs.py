@@ -12,9 +12,7 @@ job's lines and the sharing site's lines, its trainer's traceback included, whil
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,11 +20,11 @@ from typing import Any
 import pytest
 
 from fedhive.jobs.status import JobStatus
+from tests.fixtures.cli import FEDHIVE, cli_for
+from tests.fixtures.cli import Cli as BaseCli
 from tests.fixtures.e2e import System, running_system
-from tests.fixtures.gateway import GatewayProcess, write_admins
 from tests.fixtures.infra import RUN_ID, S3Server, free_ports, settings_for
 
-FEDHIVE = str(Path(sys.executable).parent / "fedhive")
 # The private site's trainer takes its time: the sharing site's error ends the job first.
 TRAINER = '''
 import os
@@ -55,42 +53,15 @@ def system(amqp_url: str, redis_url: str, s3_server: S3Server, test_bucket: str,
         yield system
 
 
-class Cli:
-    def __init__(self, gateway: GatewayProcess, home: Path) -> None:
-        self.gateway = gateway
-        self.home = home
-
-    def env(self, **changes: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FEDHIVE_")}
-        env.update(HOME=str(self.home), FEDHIVE_GATEWAY=self.gateway.address,
-                   FEDHIVE_TOKEN=self.gateway.admins.tokens["lead@a"], COLUMNS="200")
-        return {**env, **changes}
-
-    def run(self, *args: str, check: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([FEDHIVE, *args], env=self.env(**env), capture_output=True,
-                              text=True, timeout=120, check=False)
-        if check:
-            assert done.returncode == 0, done.stderr
-        return done
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.run(*args, "--json").stdout)
-
+class Cli(BaseCli):
     def lines(self, *args: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.run(*args, "--json").stdout.splitlines()]
 
 
 @pytest.fixture(scope="module")
 def cli(system: System, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
-    tmp = tmp_path_factory.mktemp("logs-cli")
-    gateway = GatewayProcess(system.settings, write_admins(tmp / "admins.json"),
-                             tmp / "gateway.log")
-    gateway.start()
-    try:
-        gateway.wait_ready()
-        yield Cli(gateway, tmp)
-    finally:
-        gateway.stop()
+    with cli_for(system.settings, tmp_path_factory.mktemp("logs-cli"), Cli) as cli:
+        yield cli
 
 
 def crashing_job(root: Path, sites: list[str]) -> Path:

@@ -1,12 +1,14 @@
 """The example jobs in examples/: each passes the job validator, its site executors and server
 components build from its own configs, and its trainers do what the example promises, run
 here the way a client job runs them (no infrastructure; end to end: tests/e2e/test_fl_jobs.py).
-hello-pt's trainer, under FedAvg with the example's own settings, reaches the accuracy goal."""
+hello-pt's training script, under FedAvg with the example's own settings, reaches the accuracy
+goal."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -106,40 +108,39 @@ def test_example_builds_its_site_executors_and_server_app(name: str) -> None:
                                             for w in server["workflows"])
 
 
-def _fedavg(trainer: Executor, state: dict[str, torch.Tensor], rounds: int, workspace: Path
+def _fedavg(local_round: Any, args: Any, state: dict[str, torch.Tensor], rounds: int,
             ) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """FedAvg as the workflow runs it: each round every site trains from the global model and
-    the results are averaged weighted by NUM_STEPS_CURRENT_ROUND. Returns the final model and
-    the sample-weighted mean of the sites' reported accuracy per round."""
+    """FedAvg as the workflow runs it: each round every site trains from the global model (as
+    custom/train.py does for each task it receives) and the results are averaged weighted by
+    NUM_STEPS_CURRENT_ROUND. Returns the final model and the step-weighted mean of the sites'
+    reported accuracy per round."""
     reported = []
     for round_ in range(rounds):
-        results = [trainer.execute(_task("train", site, _train(state, round_, rounds), workspace))
-                   for site in SITES]
-        steps = [result.meta[MetaKey.NUM_STEPS_CURRENT_ROUND] for result in results]
-        assert all(result.data_kind is DataKind.WEIGHTS for result in results)
-        state = {name: sum(r.data[name] * n for r, n in zip(results, steps, strict=True))
-                 / sum(steps) for name in state}
-        reported.append(sum(r.meta[MetaKey.METRICS]["accuracy"] * n
-                            for r, n in zip(results, steps, strict=True)) / sum(steps))
+        results = [local_round(state, site, round_, args) for site in SITES]
+        total = sum(steps for _, steps, _ in results)
+        state = {name: sum(new[name] * steps for new, steps, _ in results) / total
+                 for name in state}
+        reported.append(sum(metrics["accuracy"] * steps for _, steps, metrics in results)
+                        / total)
     return state, reported
 
 
-def test_hello_pt_reaches_the_accuracy_goal_under_fedavg(tmp_path: Path) -> None:
+def test_hello_pt_reaches_the_accuracy_goal_under_fedavg() -> None:
     with _app("hello-pt") as app:
         from digits import site_data
+        from train import local_round, options
         from trainer import accuracy
 
         server = _config(app, "server")
         rounds = server["workflows"][0]["args"]["num_rounds"]
-        executors = Executors.load(app)
-        trainer = executors.get("train")
-        assert trainer is not None
+        executor = _config(app, "client")["executors"][0]["executor"]["args"]
+        args = options(shlex.split(executor["command"])[3:])  # python -u custom/train.py ...
         persistor = build_component(server["components"][0], "components[0]", {})
         initial = {name: value.clone() for name, value in persistor.model.state_dict().items()}
         _, test = site_data("site-1", 2)
         assert accuracy(initial, test) < 0.3  # untrained: about chance
 
-        final, reported = _fedavg(trainer, initial, rounds, tmp_path)
+        final, reported = _fedavg(local_round, args, initial, rounds)
         assert rounds <= 5  # "after a few rounds"
         assert accuracy(final, test) >= ACCURACY_GOAL
         assert reported[-1] >= ACCURACY_GOAL  # what the job's metrics.json reports

@@ -1,8 +1,7 @@
-"""The site's executor for `train`: a few local epochs of SGD on this site's digits shard,
-starting from the global model, reporting the held-out test accuracy.
-
-`train_round` and `accuracy` are plain functions of a state dict, so the same training can run
-outside fedhive (tests/unit/test_examples.py checks that FedAvg over them reaches the goal).
+"""The training itself: a few local epochs of SGD on a site's digits shard (`train_round`),
+and a model's accuracy on held-out digits (`accuracy`). Plain functions of a state dict, so the
+same training runs outside fedhive (tests/unit/test_examples.py checks that FedAvg over them
+reaches the goal); custom/train.py runs them under fedhive's client API.
 """
 
 from __future__ import annotations
@@ -10,13 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from digits import Arrays, site_data, site_index
+from digits import Arrays
 from net import Net
 from torch import nn
-
-from fedhive.blobs import TensorKind
-from fedhive.fl.dxo import DataKind, Dxo, MetaKey
-from fedhive.fl.executor import ExecTask
 
 State = dict[str, torch.Tensor]
 
@@ -56,33 +51,3 @@ def train_round(state: State, data: Arrays, *, epochs: int, lr: float, batch_siz
             losses.append(loss.item())
     new_state = {name: value.detach().clone() for name, value in model.state_dict().items()}
     return new_state, steps, sum(losses) / max(len(losses), 1)
-
-
-class DigitsTrainer:
-    def __init__(self, num_sites: int = 2, epochs: int = 5, lr: float = 0.05,
-                 batch_size: int = 32, hidden: int = 64) -> None:
-        self.num_sites = num_sites
-        self.epochs = epochs
-        self.lr = lr
-        self.batch_size = batch_size
-        self.hidden = hidden
-
-    def execute(self, task: ExecTask) -> Dxo:
-        if task.name != "train":
-            raise ValueError(f"DigitsTrainer does not handle task {task.name!r}")
-        received = task.load(kind=TensorKind.TORCH)
-        train, test = site_data(task.site, self.num_sites)
-        current_round = int(received.meta.get(MetaKey.CURRENT_ROUND, 0))
-        seed = 1000 * current_round + site_index(task.site, self.num_sites)
-        state, steps, loss = train_round(
-            dict(received.data), train, epochs=self.epochs, lr=self.lr,
-            batch_size=self.batch_size, seed=seed, hidden=self.hidden, stop=task.abort,
-        )
-        metrics = {
-            "accuracy": accuracy(state, test, self.hidden),  # the locally trained model
-            "global_accuracy": accuracy(dict(received.data), test, self.hidden),
-            "loss": loss,
-        }
-        task.log.info("digits.trained", round=current_round, samples=len(train[1]), **metrics)
-        return Dxo(DataKind.WEIGHTS, state,
-                   {MetaKey.NUM_STEPS_CURRENT_ROUND: steps, MetaKey.METRICS: metrics})

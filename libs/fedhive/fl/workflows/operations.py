@@ -150,7 +150,9 @@ class OperationController(BaseWorkflow):
         self.inbox.finish(call, result, outcome.contributions())  # the caller waits for it
         log.info("operation.done", sites=sorted(outcome.results), errors=outcome.errors)
         self._keep(call.kept)
-        self.end_round(result)  # what earlier operations left, and this one's site results
+        # what earlier operations left, and this one's site results; a kept result is not in
+        # the store: tracking its keys would only send deletes for objects that never existed
+        self.end_round(*([] if call.kept is not None else [result]))
         self._report(call, outcome)
 
     def _bcast(self, call: Call, op: Operation, targets: list[str], outcome: _Outcome) -> Dxo:

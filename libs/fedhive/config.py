@@ -26,6 +26,10 @@ MiB = 1024 * 1024
 class Settings:
     amqp_url: str = field(default="amqp://guest:guest@127.0.0.1:5672/%2F", repr=False)
     redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
+    # PEM files of the CAs that sign the broker's / Redis's TLS certificates (amqps://,
+    # rediss://). None: the system's trust store (what Amazon MQ, ElastiCache and CloudAMQP need).
+    amqp_ca_file: str | None = None
+    redis_ca_file: str | None = None
     s3_endpoint_url: str | None = None  # None: real AWS S3
     # Where sites reach S3, when not at `s3_endpoint_url` (another address, a proxy): presigned
     # URLs handed to sites are signed for it. None: the same as `s3_endpoint_url`.
@@ -78,6 +82,9 @@ class Settings:
                 get("FEDHIVE_INLINE_THRESHOLD", str(defaults.inline_threshold)),
             ),
         }
+        for attribute, name in (("amqp_ca_file", "FEDHIVE_AMQP_CA_FILE"),
+                                ("redis_ca_file", "FEDHIVE_REDIS_CA_FILE")):
+            values[attribute] = _file(name, get(name, None))
         endpoint = get("FEDHIVE_S3_ENDPOINT_URL", None)
         values["s3_endpoint_url"] = (
             None
@@ -144,6 +151,12 @@ def _url(name: str, value: str | None, schemes: tuple[str, ...]) -> str:
         parts.port  # noqa: B018 - raises ValueError for a non-numeric or out-of-range port
     except ValueError:
         raise ConfigError(f"{name} has an invalid port", field=name) from None
+    return value
+
+
+def _file(name: str, value: str | None) -> str | None:
+    if value is not None and not os.path.isfile(value):
+        raise ConfigError(f"{name}={value!r} is not a file", field=name)
     return value
 
 

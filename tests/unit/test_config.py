@@ -1,5 +1,7 @@
 """Settings from the environment: defaults, TLS URLs, and one-line errors naming the variable."""
 
+from pathlib import Path
+
 import pytest
 
 from fedhive.config import Settings, child_environment
@@ -103,3 +105,14 @@ def test_a_child_environment_drops_what_it_is_told_and_takes_the_extras(
     assert "FEDHIVE_AMQP_URL" not in env and "AWS_SECRET_ACCESS_KEY" not in env
     assert env["FEDHIVE_LOG_LEVEL"] == "DEBUG" and env["FEDHIVE_SITE"] == "site-1"
     assert child_environment()["FEDHIVE_AMQP_URL"] == "amqp://site:secret@broker/"
+
+
+def test_ca_files_are_read_and_must_exist(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    settings = Settings.from_env({"FEDHIVE_AMQP_CA_FILE": str(ca),
+                                  "FEDHIVE_REDIS_CA_FILE": str(ca)})
+    assert (settings.amqp_ca_file, settings.redis_ca_file) == (str(ca), str(ca))
+    assert Settings.from_env({}).amqp_ca_file is None  # the system's trust store
+    with pytest.raises(ConfigError, match=r"FEDHIVE_REDIS_CA_FILE=.*is not a file"):
+        Settings.from_env({"FEDHIVE_REDIS_CA_FILE": str(ca) + ".missing"})

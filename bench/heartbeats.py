@@ -38,7 +38,6 @@ sys.path.insert(0, str(ROOT))  # for tests.fixtures.sites (loads deploy/broker_u
 import pika  # noqa: E402
 import pika.exceptions  # noqa: E402
 import psutil  # noqa: E402
-import redis  # noqa: E402
 from support import (  # noqa: E402  (bench/support.py, beside this script)
     bench_settings,
     load_average,
@@ -49,6 +48,7 @@ from fedhive.bus.publisher import properties  # noqa: E402
 from fedhive.config import Settings  # noqa: E402
 from fedhive.names import Names  # noqa: E402
 from fedhive.proto.v1 import site_pb2  # noqa: E402
+from fedhive.state.connect import redis_client  # noqa: E402
 from fedhive.structs import dict_to_struct  # noqa: E402
 from tests.fixtures.job_store import service_env  # noqa: E402
 from tests.fixtures.sites import CTL, load_broker_users, with_user  # noqa: E402
@@ -80,7 +80,7 @@ class Bench:
         self.names = Names(settings.namespace)
         self.queue = self.names.events_queue("heartbeats")
         self._publisher_url = publisher_url
-        self.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        self.redis = redis_client(settings)
         self.admin = pika.BlockingConnection(pika.URLParameters(settings.amqp_url)).channel()
 
     def start_intake(self) -> subprocess.Popen[bytes]:
@@ -137,9 +137,9 @@ class Bench:
         for exchange in (self.names.cmd_exchange, self.names.events_exchange,
                          self.names.dead_letter_exchange):
             self.admin.exchange_delete(exchange)
-        keys = list(self.redis.scan_iter(match=f"{self.settings.namespace}:*", count=1000))
-        if keys:
-            self.redis.delete(*keys)
+        for pattern in self.names.redis_patterns():
+            for key in list(self.redis.scan_iter(match=pattern, count=1000)):
+                self.redis.delete(key)
         self.admin.connection.close()
         self.redis.close()
 

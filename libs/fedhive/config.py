@@ -30,6 +30,9 @@ class Settings:
     # rediss://). None: the system's trust store (what Amazon MQ, ElastiCache and CloudAMQP need).
     amqp_ca_file: str | None = None
     redis_ca_file: str | None = None
+    # FEDHIVE_REDIS_CLUSTER=1: the Redis is a Redis Cluster (ElastiCache / Memorystore cluster
+    # mode); the URL names any one of its nodes (`fedhive.state.connect`).
+    redis_cluster: bool = False
     s3_endpoint_url: str | None = None  # None: real AWS S3
     # Where sites reach S3, when not at `s3_endpoint_url` (another address, a proxy): presigned
     # URLs handed to sites are signed for it. None: the same as `s3_endpoint_url`.
@@ -61,6 +64,7 @@ class Settings:
                 get("FEDHIVE_REDIS_URL", defaults.redis_url),
                 ("redis", "rediss", "unix"),
             ),
+            "redis_cluster": _flag("FEDHIVE_REDIS_CLUSTER", get("FEDHIVE_REDIS_CLUSTER", "0")),
             "s3_bucket": _match(
                 "FEDHIVE_S3_BUCKET",
                 get("FEDHIVE_S3_BUCKET", defaults.s3_bucket),
@@ -109,6 +113,8 @@ class Settings:
                 "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together",
                 field="AWS_SECRET_ACCESS_KEY",
             )
+        if values["redis_cluster"]:
+            _cluster_url(values["redis_url"])
         return cls(**values)
 
     def with_namespace(self, namespace: str) -> Settings:
@@ -154,10 +160,28 @@ def _url(name: str, value: str | None, schemes: tuple[str, ...]) -> str:
     return value
 
 
+def _cluster_url(url: str) -> None:
+    """A Redis Cluster is reached over TCP and has database 0 only."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        raise ConfigError("FEDHIVE_REDIS_URL must be redis:// or rediss:// with "
+                          "FEDHIVE_REDIS_CLUSTER=1, not unix://", field="FEDHIVE_REDIS_URL")
+    if parts.path.strip("/") not in ("", "0"):
+        raise ConfigError(f"FEDHIVE_REDIS_URL names database {parts.path.strip('/')!r}: a Redis "
+                          "Cluster has database 0 only", field="FEDHIVE_REDIS_URL")
+
+
 def _file(name: str, value: str | None) -> str | None:
     if value is not None and not os.path.isfile(value):
         raise ConfigError(f"{name}={value!r} is not a file", field=name)
     return value
+
+
+def _flag(name: str, value: str | None) -> bool:
+    text = (value or "").lower()
+    if text not in ("0", "1", "true", "false", "yes", "no"):
+        raise ConfigError(f"{name}={value!r} must be 1 or 0 (true/false, yes/no)", field=name)
+    return text in ("1", "true", "yes")
 
 
 def _match(name: str, value: str | None, pattern: re.Pattern[str], what: str) -> str:

@@ -102,8 +102,26 @@ class Names:
     JOB_ROUND_COMPLETED = "job.round.completed"  # a server job's workflow finished a round
 
     # Redis ----------------------------------------------------------------------------------
+    # Every key starts with a hash tag (the part in braces), which decides its Redis Cluster
+    # slot. Two kinds of slot (DESIGN.md §4):
+    # * the namespace slot `{ns}`: job records and histories, the status indexes, sites,
+    #   leases and fences, the runs table, idempotency keys: what the atomic scripts combine;
+    # * a job's slot `{ns:job:<id>}`: the job's own bulky data that no script combines with the
+    #   namespace keys (rounds, logs, heartbeats, server-job records) and `job_live_key`, so
+    #   jobs spread over a cluster's shards.
+    # The layout is the same on a standalone Redis.
+    @property
+    def redis_patterns(self) -> tuple[str, str]:
+        """SCAN patterns that together match every Redis key of the namespace."""
+        return f"{{{self.ns}}}:*", f"{{{self.ns}:job:*"
+
     def key(self, *parts: str) -> str:
-        return ":".join((self.ns, *parts))
+        """A key in the namespace slot."""
+        return ":".join((f"{{{self.ns}}}", *parts))
+
+    def job_data_key(self, job_id: str, *parts: str) -> str:
+        """A key in the job's own slot."""
+        return ":".join((f"{{{self.ns}:job:{job_id}}}", *parts))
 
     def job_key(self, job_id: str) -> str:
         return self.key("job", job_id)
@@ -136,27 +154,32 @@ class Names:
         """Hash site -> the site's last heartbeat (JSON), kept after the live record expires."""
         return self.key("sites", "last")
 
+    def job_live_key(self, job_id: str) -> str:
+        """Exists from just before the job's record is created until the job is deleted: what
+        the scripts in the job's slot check instead of the record (`fedhive.state.joblogs`)."""
+        return self.job_data_key(job_id, "live")
+
     def job_rounds_key(self, job_id: str) -> str:
         """List of the rounds a job's workflows reported (JSON, oldest first; `RoundLog`),
         readable while the job runs; deleted with the job."""
-        return self.key("job", job_id, "rounds")
+        return self.job_data_key(job_id, "rounds")
 
     def job_logs_key(self, job_id: str) -> str:
         """Stream of a job's log lines (fields site, source, line), capped; deleted with the job
         (`fedhive.state.joblogs`)."""
-        return self.key("job", job_id, "logs")
+        return self.job_data_key(job_id, "logs")
 
     def job_log_errors_key(self, job_id: str) -> str:
         """Hash site -> the last error line of that site's (or the server job's) log."""
-        return self.key("job", job_id, "logs", "errors")
+        return self.job_data_key(job_id, "logs", "errors")
 
     def job_log_seen_key(self, job_id: str) -> str:
         """Hash site -> the byte ranges of its log file already stored (deduplication)."""
-        return self.key("job", job_id, "logs", "seen")
+        return self.job_data_key(job_id, "logs", "seen")
 
     def job_log_sites_key(self, job_id: str) -> str:
         """Hash site -> `done` (its last line is in) or `private` (it does not share logs)."""
-        return self.key("job", job_id, "logs", "sites")
+        return self.job_data_key(job_id, "logs", "sites")
 
     def job_log_keys(self, job_id: str) -> list[str]:
         """Every key of a job's logs (deleted with the job)."""
@@ -164,7 +187,7 @@ class Names:
                 self.job_log_seen_key(job_id), self.job_log_sites_key(job_id)]
 
     def job_heartbeat_key(self, job_id: str, site: str) -> str:
-        return self.key("job", job_id, "beat", site)
+        return self.job_data_key(job_id, "beat", site)
 
     @property
     def runs_key(self) -> str:
@@ -174,16 +197,16 @@ class Names:
 
     def server_job_alive_key(self, job_id: str) -> str:
         """The server-job process's liveness record (expires unless the SJ renews it)."""
-        return self.key("job", job_id, "sj", "alive")
+        return self.job_data_key(job_id, "sj", "alive")
 
     def server_job_stop_key(self, job_id: str) -> str:
         """Set by a runner that must stop an SJ it cannot signal (on another host); the SJ
         looks at it with each liveness renewal."""
-        return self.key("job", job_id, "sj", "stop")
+        return self.job_data_key(job_id, "sj", "stop")
 
     def server_job_outcome_key(self, job_id: str) -> str:
         """What the server-job process reported when it ended (first report wins)."""
-        return self.key("job", job_id, "sj", "outcome")
+        return self.job_data_key(job_id, "sj", "outcome")
 
     def lease_key(self, name: str) -> str:
         return self.key("lease", name)

@@ -43,7 +43,7 @@ def test_rounds_live_at_the_named_key(round_log: RoundLog, settings: Settings) -
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     try:
         key = Names(settings.namespace).job_rounds_key("job-1")
-        assert key == f"{settings.namespace}:job:job-1:rounds"
+        assert key == f"{{{settings.namespace}:job:job-1}}:rounds"  # the job's hash slot
         assert [json.loads(v) for v in client.lrange(key, 0, -1)] == [_entry(0, loss=1.0)]
     finally:
         client.close()

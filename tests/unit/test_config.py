@@ -116,3 +116,25 @@ def test_ca_files_are_read_and_must_exist(tmp_path: Path) -> None:
     assert Settings.from_env({}).amqp_ca_file is None  # the system's trust store
     with pytest.raises(ConfigError, match=r"FEDHIVE_REDIS_CA_FILE=.*is not a file"):
         Settings.from_env({"FEDHIVE_REDIS_CA_FILE": str(ca) + ".missing"})
+
+
+def test_redis_cluster_flag() -> None:
+    assert Settings.from_env({}).redis_cluster is False
+    for value, expected in (("1", True), ("true", True), ("YES", True), ("0", False),
+                            ("no", False)):
+        assert Settings.from_env({"FEDHIVE_REDIS_CLUSTER": value}).redis_cluster is expected
+    with pytest.raises(ConfigError, match=r"^FEDHIVE_REDIS_CLUSTER='on' must be 1 or 0"):
+        Settings.from_env({"FEDHIVE_REDIS_CLUSTER": "on"})
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("unix:///run/redis.sock", "not unix://"),
+    ("redis://cache:6379/2", "names database '2': a Redis Cluster has database 0 only"),
+])
+def test_a_cluster_url_is_tcp_and_database_0(url: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem) as raised:
+        Settings.from_env({"FEDHIVE_REDIS_CLUSTER": "1", "FEDHIVE_REDIS_URL": url})
+    assert raised.value.field == "FEDHIVE_REDIS_URL"
+    cluster = Settings.from_env({"FEDHIVE_REDIS_CLUSTER": "1",
+                                 "FEDHIVE_REDIS_URL": "rediss://cfg.cache.amazonaws.com:6379"})
+    assert cluster.redis_cluster and cluster.redis_url.startswith("rediss://")

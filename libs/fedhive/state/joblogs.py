@@ -1,22 +1,24 @@
 """A job's shared log lines in Redis, readable while it runs and after it ends.
 
-Keys (`Names`), all deleted with the job (`RedisStateStore.delete_job`):
+Keys (`Names`), all in the job's own hash slot and deleted with the job
+(`RedisStateStore.delete_job`):
 
-* `{ns}:job:<id>:logs`: a stream, one entry per line, fields `site` (a site, or "server"),
+* `{ns:job:<id>}:logs`: a stream, one entry per line, fields `site` (a site, or "server"),
   `source` ("server" / "client_job"), `line`; capped at about `MAX_LINES` entries (XADD
   MAXLEN ~: the oldest go first). An entry's id (`<ms>-<seq>`) orders it; readers page with it.
-* `{ns}:job:<id>:logs:errors`: a hash site -> its last error line (`lines.error_summary`).
-* `{ns}:job:<id>:logs:seen`: a hash site -> the byte ranges of its log file already stored
+* `{ns:job:<id>}:logs:errors`: a hash site -> its last error line (`lines.error_summary`).
+* `{ns:job:<id>}:logs:seen`: a hash site -> the byte ranges of its log file already stored
   (`s:e,s:e`, at most `MAX_RANGES`): a line is stored once even when sent again.
-* `{ns}:job:<id>:logs:sites`: a hash site -> `done` (its last line is in) or `private` (it does
+* `{ns:job:<id>}:logs:sites`: a hash site -> `done` (its last line is in) or `private` (it does
   not share its logs).
 
 Delivery is at least once (a redelivered message; a site agent restarted after it published a
 batch but before it saved its position sends it again); storage is once: each line carries its
 end offset in its file and `append` skips every line whose bytes an earlier batch stored, in the
 same script as the write, whatever order batches arrive in (several job-runners share the
-queue). Nothing is written for a job whose record is gone: lines that arrive after the job was
-deleted do not bring its keys back.
+queue). Nothing is written for a job that does not exist: the scripts check the job's live mark
+(`Names.job_live_key`, in the same slot; the record is in the namespace's), so lines that arrive
+after the job was deleted do not bring its keys back.
 """
 
 from __future__ import annotations
@@ -26,13 +28,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-import redis
-
 from fedhive.config import Settings
 from fedhive.errors import InvalidArgument
 from fedhive.joblogs.lines import Line, error_summary
 from fedhive.joblogs.wire import LogEntry
 from fedhive.names import Names
+from fedhive.state import connect
 
 MAX_LINES = 20_000  # per job, approximately
 MAX_RANGES = 64  # stored byte ranges per site; past it the lowest two are merged (lines
@@ -43,7 +44,7 @@ _SCAN = 1000  # stream entries per XRANGE while reading
 _ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 DONE, PRIVATE = "done", "private"
 
-# KEYS: job, stream, seen, errors, sites. ARGV: site, source, maxlen, start, eof (1/0),
+# KEYS: job live mark, stream, seen, errors, sites. ARGV: site, source, maxlen, start, eof (1/0),
 # error end (0: none), error text, then (end, text) per line. Answers -1 (no such job) or the
 # number of lines stored.
 _APPEND = """
@@ -98,7 +99,7 @@ if ARGV[5] == '1' then redis.call('HSET', KEYS[5], site, 'done') end
 return count
 """.replace("MAX_RANGES", str(MAX_RANGES))
 
-# KEYS: job, sites. ARGV: site, state. Answers 0 (no such job) or 1.
+# KEYS: job live mark, sites. ARGV: site, state. Answers 0 (no such job) or 1.
 _MARK = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
@@ -115,7 +116,8 @@ class LogPage:
 class JobLogStore:
     """The log lines of jobs on one Redis (see the module)."""
 
-    def __init__(self, client: redis.Redis, names: Names, *, max_lines: int = MAX_LINES) -> None:
+    def __init__(self, client: connect.RedisClient, names: Names, *,
+                 max_lines: int = MAX_LINES) -> None:
         self._client = client
         self._names = names
         self._max_lines = max_lines
@@ -124,9 +126,7 @@ class JobLogStore:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> JobLogStore:
-        client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
-                                      socket_connect_timeout=5.0, socket_timeout=10.0)
-        return cls(client, Names(settings.namespace))
+        return cls(connect.redis_client(settings), Names(settings.namespace))
 
     def close(self) -> None:
         self._client.close()
@@ -145,7 +145,7 @@ class JobLogStore:
                            last.end if last else 0, error_summary(last.text) if last else ""]
         for line in lines:
             args += [line.end, line.text]
-        keys = [n.job_key(job_id), n.job_logs_key(job_id), n.job_log_seen_key(job_id),
+        keys = [n.job_live_key(job_id), n.job_logs_key(job_id), n.job_log_seen_key(job_id),
                 n.job_log_errors_key(job_id), n.job_log_sites_key(job_id)]
         count = int(cast(int, self._append(keys=keys, args=args)))
         return None if count < 0 else count
@@ -153,7 +153,7 @@ class JobLogStore:
     def mark(self, job_id: str, site: str, state: str) -> bool:
         """Record `site` as `DONE` or `PRIVATE` for the job; False when the job does not
         exist."""
-        keys = [self._names.job_key(job_id), self._names.job_log_sites_key(job_id)]
+        keys = [self._names.job_live_key(job_id), self._names.job_log_sites_key(job_id)]
         return bool(self._mark(keys=keys, args=[site, state]))
 
     def stored_up_to(self, job_id: str, site: str) -> int:

@@ -1,12 +1,13 @@
 """The Lua scripts behind `SitePresence` in Redis: each transition is decided inside one script,
 so of several intake replicas exactly one sees a site go online or offline.
 
-Keys (from `Names`): `{ns}:sites` (zset site -> last recorded `sent_at_ms`, i.e. every known
-site and when it was last seen), `{ns}:sites:online` (set of sites announced online),
-`{ns}:sites:last` (hash site -> last heartbeat JSON, kept after the live record expires) and
-`{ns}:site:<name>` (the live record, with the liveness TTL), and one key per client job's last
-beat (`Names.job_heartbeat_key`, JSON, with the job TTL). The sweep builds live-record keys
-from their prefix, so like every fedhive script it needs a single-shard Redis.
+Keys (from `Names`, all in the namespace's hash slot): `{ns}:sites` (zset site -> last
+recorded `sent_at_ms`, i.e. every known site and when it was last seen), `{ns}:sites:online`
+(set of sites announced online), `{ns}:sites:last` (hash site -> last heartbeat JSON, kept after
+the live record expires) and `{ns}:site:<name>` (the live record, with the liveness TTL); and
+one key per client job's last beat (`Names.job_heartbeat_key`, JSON, with the job TTL) in that
+job's slot. Like every fedhive script they touch only the keys passed in KEYS, all in one slot
+(a Redis Cluster requirement).
 """
 
 from __future__ import annotations
@@ -44,13 +45,14 @@ redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
 return redis.call('SREM', KEYS[2], ARGV[1])
 """)
 
-# KEYS: online set, last hash. ARGV: the live-record key prefix (`{ns}:site:`).
+# KEYS: online set, last hash, then the live-record key of each site in ARGV.
+# ARGV: the sites the caller read from the online set (a site that went online since is not
+# swept this time; one that went offline meanwhile is skipped).
 # Returns (site, last heartbeat JSON or '') pairs, flattened, for the sites taken offline.
 SWEEP_EXPIRED = LuaScript("""
 local gone = {}
-for _, site in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  if redis.call('EXISTS', ARGV[1] .. site) == 0 then
-    redis.call('SREM', KEYS[1], site)
+for i, site in ipairs(ARGV) do
+  if redis.call('EXISTS', KEYS[2 + i]) == 0 and redis.call('SREM', KEYS[1], site) == 1 then
     gone[#gone + 1] = site
     gone[#gone + 1] = redis.call('HGET', KEYS[2], site) or ''
   end

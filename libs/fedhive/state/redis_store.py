@@ -1,11 +1,16 @@
 """The Redis adapter of the state port.
 
 Every job write is one Lua script (see `fedhive.state.scripts`), so records, status indexes
-and history never disagree. Keys come from `Names`; the scripts touch several keys at once, so
-the Redis must be a single shard (standalone, replicated or Sentinel; ElastiCache with
-cluster mode off). Connection failures are retried with the shared `Backoff` policy and then
-surface as `Unavailable`. A retried write whose first attempt did reach Redis answers as a
-repeat would (AlreadyExists, IllegalTransition); callers are idempotent on message ids anyway.
+and history never disagree. Keys come from `Names`: every script and transaction touches one
+hash slot, so the Redis may be standalone, replicated, Sentinel or a Redis Cluster
+(`fedhive.state.connect`). The two operations that span a job's two slots (the namespace's and
+the job's own) are ordered steps: `create_job` marks the job live in its slot before it
+creates the record, `delete_job` deletes the job's data (live mark first) before the record;
+a crash between the steps leaves what a retry of the same call finishes. Connection failures
+are retried with the shared `Backoff` policy and then surface as `Unavailable`; a certificate
+not accepted or cluster mode set wrong is a ConfigError at once. A retried write whose first
+attempt did reach Redis answers as a repeat would (AlreadyExists, IllegalTransition); callers
+are idempotent on message ids anyway.
 """
 
 from __future__ import annotations
@@ -15,12 +20,9 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any, TypeVar, cast
-from urllib.parse import urlsplit
 
 import redis
 import structlog
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from fedhive.config import Settings
 from fedhive.errors import (
@@ -37,7 +39,7 @@ from fedhive.names import Names
 from fedhive.retry import Backoff
 from fedhive.sites.heartbeat import JobHeartbeat, SiteHeartbeat
 from fedhive.sites.serde import site_heartbeat_from_dict, site_heartbeat_to_dict
-from fedhive.state import codec, presence_scripts, scripts
+from fedhive.state import codec, connect, presence_scripts, scripts
 from fedhive.state.port import Fence, JobUpdate, Lease
 
 T = TypeVar("T")
@@ -70,10 +72,11 @@ def prefix_pattern(prefix: str) -> str:
 
 
 class RedisStateStore:
-    """Implements `fedhive.state.port.StateStore` on one Redis (redis:// or rediss://)."""
+    """Implements `fedhive.state.port.StateStore` on one Redis or Redis Cluster."""
 
     def __init__(
-        self, client: redis.Redis, names: Names, *, where: str, backoff: Backoff = DEFAULT_BACKOFF
+        self, client: connect.RedisClient, names: Names, *, where: str,
+        backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         self._client = client
         self._names = names
@@ -84,18 +87,8 @@ class RedisStateStore:
     def from_settings(
         cls, settings: Settings, *, backoff: Backoff = DEFAULT_BACKOFF
     ) -> RedisStateStore:
-        # redis-py's own retries are off: `backoff` is the one retry policy.
-        client = redis.Redis.from_url(
-            settings.redis_url,
-            decode_responses=True,
-            retry=Retry(NoBackoff(), 0),
-            socket_connect_timeout=5.0,
-            socket_timeout=10.0,
-            health_check_interval=30,
-        )
-        parts = urlsplit(settings.redis_url)
-        where = f"{parts.hostname}:{parts.port or 6379}" if parts.hostname else parts.path
-        return cls(client, Names(settings.namespace), where=where, backoff=backoff)
+        return cls(connect.redis_client(settings), Names(settings.namespace),
+                   where=connect.where(settings), backoff=backoff)
 
     def close(self) -> None:
         self._client.close()
@@ -105,8 +98,17 @@ class RedisStateStore:
         def on_retry(err: BaseException, wait: float) -> None:
             log.warning("redis_retry", op=what, error=str(err), wait_s=round(wait, 3))
 
+        def attempt() -> T:
+            try:
+                return fn()
+            except redis.RedisError as err:
+                problem = connect.config_problem(err, self._where)
+                if problem is not None:
+                    raise problem from None  # no retry helps
+                raise
+
         try:
-            return self._backoff.call(fn, _TRANSIENT, on_retry)
+            return self._backoff.call(attempt, _TRANSIENT, on_retry)
         except _TRANSIENT as err:
             raise Unavailable(f"redis at {self._where} unavailable for {what}: {err}") from err
 
@@ -151,6 +153,8 @@ class RedisStateStore:
         ]
         fields = codec.create_fields(meta, submitter, archive_key, resumed_from)
         args = [job_id, reason, *fields]
+        live = n.job_live_key(job_id)  # first: the job's slot knows the job before anyone can
+        self._call(f"create job {job_id}", lambda: self._client.set(live, "1"))
         reply = self._script(f"create job {job_id}", scripts.CREATE_JOB, keys, args)
         if reply[0] == scripts.EXISTS:
             raise AlreadyExists(f"job {job_id} already exists", field="job_id")
@@ -311,9 +315,13 @@ class RedisStateStore:
         return self._job_reply(job_id, reply)
 
     def delete_job(self, job_id: str) -> bool:
+        """The job's data (its slot; the live mark first, so no log line lands after) goes
+        before its record and index entries (the namespace slot): after a crash between them
+        the record is still listed, and deleting it again finishes the job."""
         n = self._names
-        own = [n.job_key(job_id), n.job_history_key(job_id), n.job_rounds_key(job_id),
-               *n.job_log_keys(job_id)]  # the job's logs go with it (`fedhive.state.joblogs`)
+        data = [n.job_live_key(job_id), n.job_rounds_key(job_id), *n.job_log_keys(job_id)]
+        self._call(f"delete job {job_id} data", lambda: self._client.delete(*data))
+        own = [n.job_key(job_id), n.job_history_key(job_id)]
         keys = [
             *own,
             n.jobs_by_submit_key,
@@ -424,9 +432,13 @@ class RedisStateStore:
 
     def sweep_expired(self) -> list[SiteHeartbeat]:
         n = self._names
-        keys = [n.sites_online_key, n.sites_last_key]
+        online = sorted(cast(set[str], self._call(
+            "list online sites", lambda: self._client.smembers(n.sites_online_key))))
+        if not online:
+            return []
+        keys = [n.sites_online_key, n.sites_last_key, *(n.site_key(site) for site in online)]
         reply = self._script("sweep expired sites", presence_scripts.SWEEP_EXPIRED, keys,
-                             [n.site_key("")])
+                             online)
         return [
             site_heartbeat_from_dict(json.loads(raw)) if raw else SiteHeartbeat(site=site)
             for site, raw in zip(reply[::2], reply[1::2], strict=True)
@@ -444,14 +456,16 @@ class RedisStateStore:
                                                 lambda: self._client.smembers(key))))
 
     def record_job_heartbeats(self, beats: Sequence[JobHeartbeat], ttl_s: float) -> None:
-        if not beats:
-            return
-        keys = [self._names.job_heartbeat_key(beat.job_id, beat.site) for beat in beats]
-        args: list[Any] = [_ms(ttl_s)]
+        by_job: dict[str, list[JobHeartbeat]] = {}
         for beat in beats:
-            args += [json.dumps(asdict(beat)), int(beat.ended)]
-        self._script(f"record {len(beats)} job heartbeats", presence_scripts.RECORD_JOB_HEARTBEATS,
-                     keys, args)
+            by_job.setdefault(beat.job_id, []).append(beat)
+        for job_id, batch in by_job.items():  # one script per job: each job has its own slot
+            keys = [self._names.job_heartbeat_key(job_id, beat.site) for beat in batch]
+            args: list[Any] = [_ms(ttl_s)]
+            for beat in batch:
+                args += [json.dumps(asdict(beat)), int(beat.ended)]
+            self._script(f"record {len(batch)} heartbeats of job {job_id}",
+                         presence_scripts.RECORD_JOB_HEARTBEATS, keys, args)
 
     def get_job_heartbeat(self, job_id: str, site: str) -> JobHeartbeat | None:
         key = self._names.job_heartbeat_key(job_id, site)

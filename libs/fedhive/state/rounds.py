@@ -19,10 +19,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import redis
-
 from fedhive.config import Settings
 from fedhive.names import Names
+from fedhive.state import connect
 
 MAX_ROUNDS = 5_000
 
@@ -30,15 +29,13 @@ MAX_ROUNDS = 5_000
 class RoundLog:
     """The round lists on one Redis; single-key operations, no scripts needed."""
 
-    def __init__(self, client: redis.Redis, names: Names) -> None:
+    def __init__(self, client: connect.RedisClient, names: Names) -> None:
         self._client = client
         self._names = names
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RoundLog:
-        client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
-                                      socket_connect_timeout=5.0, socket_timeout=10.0)
-        return cls(client, Names(settings.namespace))
+        return cls(connect.redis_client(settings), Names(settings.namespace))
 
     def close(self) -> None:
         self._client.close()

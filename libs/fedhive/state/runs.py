@@ -17,10 +17,9 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import redis
-
 from fedhive.config import Settings
 from fedhive.names import Names
+from fedhive.state import connect
 
 OUTCOME_TTL_S = 7 * 24 * 3600
 
@@ -84,15 +83,13 @@ class Outcome:
 class RunTable:
     """The records above on one Redis; cheap single-key operations, no scripts needed."""
 
-    def __init__(self, client: redis.Redis, names: Names) -> None:
+    def __init__(self, client: connect.RedisClient, names: Names) -> None:
         self._client = client
         self._names = names
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RunTable:
-        client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
-                                      socket_connect_timeout=5.0, socket_timeout=10.0)
-        return cls(client, Names(settings.namespace))
+        return cls(connect.redis_client(settings), Names(settings.namespace))
 
     def close(self) -> None:
         self._client.close()

@@ -149,12 +149,12 @@ return record(KEYS[1], KEYS[2])
                  stale_status=STALE_STATUS)
 )
 
-# KEYS: job, history, round log, by-submit, by-status(s) for every status. ARGV: job_id.
+# KEYS: job, history, by-submit, by-status(s) for every status (the namespace's slot).
 DELETE_JOB = LuaScript(
-    """-- ARGV: job id, how many of the first KEYS are the job's own keys (deleted; default 3);
+    """-- ARGV: job id, how many of the first KEYS are the job's own keys (deleted; default 2);
 -- the KEYS after them are indexes the id is removed from.
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-local own = tonumber(ARGV[2] or '3')
+local own = tonumber(ARGV[2] or '2')
 for i = 1, own do redis.call('DEL', KEYS[i]) end
 for i = own + 1, #KEYS do redis.call('ZREM', KEYS[i], ARGV[1]) end
 return 1

@@ -9,6 +9,11 @@
       "broker_url": "amqps://fedhive.hospital-a:SECRET@broker.example.org:5671/%2F",  required;
                                              its user must be the site's broker user,
                                              <namespace>.<site>
+      "broker_ca_file": "local/broker-ca.pem",  optional: the PEM of the CA that signs the
+                                             broker's certificate (an amqps:// broker_url only),
+                                             relative to the site folder or absolute; absent:
+                                             the system's CAs (Amazon MQ, CloudAMQP). Either
+                                             way the certificate must name broker_url's host
       "namespace": "fedhive",                optional, "fedhive"
       "services_user": "fedhive-services",   optional, "<namespace>-services": the broker user
                                              of the services; the agent takes commands from it
@@ -34,7 +39,8 @@ bundle of a job that holds resources here, at the deployment's own object store
 (`storage_url`): a forged command cannot make it fetch and run code from anywhere else.
 
 How settings combine: the process's `Settings.from_env()` gives only the log level; the broker
-URL and namespace come from site.json (`agent_settings`), and every Redis/S3 credential is
+URL, its CA file and the namespace come from site.json (`agent_settings`; the client jobs read
+the same file, so they reach the broker as the agent does), and every Redis/S3 credential is
 dropped, so the agent cannot talk to anything but the broker. Every problem raises a
 `ConfigError` naming the file and the field.
 """
@@ -48,8 +54,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import pika
-
+from fedhive.bus.connection import tls_context, url_parameters
 from fedhive.config import Settings
 from fedhive.errors import ConfigError
 from fedhive.jobs.archive import STORED, ArchiveLimits, MiB
@@ -61,7 +66,7 @@ SITE_FILE = "local/site.json"
 RESOURCES_FILE = "local/resources.json"
 CLIENT_JOB_MODULE = "fedhive_services.site_agent.client_job"
 _KNOWN = (
-    "site", "org", "broker_url", "namespace", "services_user", "storage_url",
+    "site", "org", "broker_url", "broker_ca_file", "namespace", "services_user", "storage_url",
     "heartbeat_interval_s", "workspace", "abort_grace_s", "max_bundle_mib", "client_job_module",
     "share_logs",
 )
@@ -74,6 +79,7 @@ class SiteConfig:
     site: str
     broker_url: str = field(repr=False)  # carries the site's broker password
     storage_url: str
+    broker_ca_file: Path | None = None  # None: the system's CAs
     org: str = ""
     namespace: str = "fedhive"
     services_user: str = "fedhive-services"
@@ -115,12 +121,16 @@ def load_site(site_dir: Path) -> SiteConfig:
         name = "broker_url" if err.field == "FEDHIVE_AMQP_URL" else "namespace"
         message = err.message.replace(err.field or name, name)
         raise ConfigError(f"{path}: {message}", field=name) from None
-    user = pika.URLParameters(broker_url).credentials.username
+    try:
+        user = url_parameters(broker_url).credentials.username
+    except ConfigError as err:
+        raise ConfigError(f"{path}: field 'broker_url': {err}", field="broker_url") from None
     if user != Names(namespace).site_user(str(site)):
         raise ConfigError(f"{path}: field 'broker_url': its user {user!r} is not the broker user "
                           f"of site {site!r} in namespace {namespace!r} "
                           f"({Names(namespace).site_user(str(site))!r})", field="broker_url")
     storage_url = _storage_url(path, fields.text("storage_url", None))
+    broker_ca_file = _broker_ca_file(path, site_dir, broker_url, raw.get("broker_ca_file"))
     workspace = Path(fields.text("workspace", "workspace"))
     module = fields.text("client_job_module", CLIENT_JOB_MODULE)
     if not _MODULE.match(module):
@@ -131,6 +141,7 @@ def load_site(site_dir: Path) -> SiteConfig:
         site=str(site),
         broker_url=broker_url,
         storage_url=storage_url,
+        broker_ca_file=broker_ca_file,
         org=fields.text("org", ""),
         namespace=namespace,
         services_user=fields.text("services_user", f"{namespace}-services"),
@@ -153,16 +164,40 @@ def _storage_url(path: Path, value: str) -> str:
     return value.rstrip("/")
 
 
+def _broker_ca_file(path: Path, site_dir: Path, broker_url: str, value: Any) -> Path | None:
+    """The CA file as an absolute path, checked now: a file that is missing or holds no PEM
+    certificate would otherwise surface only as a refused broker connection."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{path}: field 'broker_ca_file' must be a non-empty string, got "
+                          f"{value!r}", field="broker_ca_file")
+    if not broker_url.startswith("amqps://"):
+        raise ConfigError(f"{path}: field 'broker_ca_file' needs an amqps:// broker_url (a plain "
+                          "amqp:// connection has no certificate to check)", field="broker_ca_file")
+    ca_file = (site_dir / value.strip()).resolve()  # an absolute path stays as it is
+    if not ca_file.is_file():
+        raise ConfigError(f"{path}: field 'broker_ca_file': {str(ca_file)!r} is not a file",
+                          field="broker_ca_file")
+    try:
+        tls_context(str(ca_file))
+    except ConfigError as err:
+        raise ConfigError(f"{path}: field 'broker_ca_file': {err}",
+                          field="broker_ca_file") from None
+    return ca_file
+
+
 def load_site_resources(config: SiteConfig) -> SiteResources:
     return load_resources(config.site_dir / RESOURCES_FILE)
 
 
 def agent_settings(base: Settings, config: SiteConfig) -> Settings:
-    """The agent's settings: log level from the environment, the broker from site.json, and no
-    Redis or S3 credentials at all."""
+    """The agent's settings: log level from the environment, the broker (URL and CA file) from
+    site.json, and no Redis or S3 credentials at all."""
     return replace(
         base,
         amqp_url=config.broker_url,
+        amqp_ca_file=None if config.broker_ca_file is None else str(config.broker_ca_file),
         namespace=config.namespace,
         aws_access_key_id=None,
         aws_secret_access_key=None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 
 import pytest
 
@@ -10,9 +11,10 @@ from fedhive.bus.codec import TypeRegistry, error_from_message, error_message, t
 from fedhive.bus.connection import connection_parameters, user_name
 from fedhive.bus.publisher import properties
 from fedhive.bus.topology import Topology
-from fedhive.errors import FedhiveError, MalformedMessage, NotFound, RpcTimeout
+from fedhive.errors import ConfigError, FedhiveError, MalformedMessage, NotFound, RpcTimeout
 from fedhive.names import Names
 from fedhive.proto.v1 import common_pb2, site_pb2
+from tests.fixtures.certs import CertAuthority
 
 
 def test_registry_decodes_the_types_it_accepts() -> None:
@@ -61,9 +63,47 @@ def test_amqps_url_verifies_the_server_by_its_host_name() -> None:
     params = connection_parameters("amqps://u:p@b-1.mq.example.com:5671/%2F", name="t.pub")
     assert params.ssl_options is not None
     assert params.ssl_options.server_hostname == "b-1.mq.example.com"
-    assert params.ssl_options.context.verify_mode == ssl.CERT_REQUIRED
+    context = params.ssl_options.context
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
     assert params.client_properties == {"connection_name": "t.pub"}
     assert user_name(params) == "u"
+
+
+def test_amqps_url_with_a_ca_file_trusts_that_ca_alone(tmp_path: Path) -> None:
+    ca = CertAuthority.create(tmp_path / "ca", name="fedhive unit CA")
+    params = connection_parameters("amqps://u:p@localhost:5671/%2F", name="t", ca_file=str(ca.pem))
+    assert params.ssl_options is not None
+    context = params.ssl_options.context
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    subjects = [dict(part[0] for part in cert["subject"]) for cert in context.get_ca_certs()]
+    assert subjects == [{"commonName": "fedhive unit CA"}]
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    (None, "No such file or directory"),
+    ("not a certificate\n", "not a PEM CA certificate"),
+])
+def test_a_bad_ca_file_is_one_line_naming_the_file(
+    tmp_path: Path, content: str | None, reason: str
+) -> None:
+    ca_file = tmp_path / "ca.pem"
+    if content is not None:
+        ca_file.write_text(content)
+    with pytest.raises(ConfigError, match=reason) as caught:
+        connection_parameters("amqps://u:p@localhost:5671/%2F", name="t", ca_file=str(ca_file))
+    assert str(ca_file) in str(caught.value) and "\n" not in str(caught.value)
+    assert caught.value.field == "amqp_ca_file"
+
+
+@pytest.mark.parametrize("url", [
+    "amqps://u:p@localhost:5671/%2F?ssl_options=%7B%27cert_reqs%27%3A0%7D",
+    "amqp://u:p@localhost:5672/%2F?heartbeat=5&ssl_options=%7B%7D",
+])
+def test_ssl_options_in_the_url_are_refused(url: str) -> None:
+    """One way to set TLS (the CA file): no URL can turn certificate checks off."""
+    with pytest.raises(ConfigError, match=r"\?ssl_options=.*FEDHIVE_AMQP_CA_FILE") as caught:
+        connection_parameters(url, name="t")
+    assert caught.value.field == "amqp_url"
 
 
 def test_amqp_url_has_no_tls() -> None:

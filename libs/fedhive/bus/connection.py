@@ -1,5 +1,6 @@
-"""Connections to RabbitMQ: parameters from the settings URL, connecting with backoff, and the
-lock-guarded connection that publishers and RPC clients share between threads.
+"""Connections to RabbitMQ: parameters from the settings URL (and, for `amqps://`, its CA file),
+connecting with backoff, and the lock-guarded connection that publishers and RPC clients share
+between threads.
 
 pika's `BlockingConnection` is not thread-safe and only does I/O (heartbeats included) inside
 its own calls. `GuardedConnection` serialises every use behind one lock and runs a small
@@ -15,12 +16,13 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pika
 import pika.exceptions
 import structlog
 
-from fedhive.errors import Unavailable
+from fedhive.errors import ConfigError, Unavailable
 from fedhive.retry import Backoff
 
 log = structlog.get_logger()
@@ -46,22 +48,42 @@ RECONNECT = Backoff(base=0.2, cap=5.0, max_attempts=None, deadline=None)
 
 
 def connection_parameters(
-    amqp_url: str, *, name: str, heartbeat: int = DEFAULT_HEARTBEAT
+    amqp_url: str, *, name: str, ca_file: str | None = None, heartbeat: int = DEFAULT_HEARTBEAT
 ) -> pika.URLParameters:
     """`amqp://` or `amqps://` URL to pika parameters.
 
-    TLS options may come in the URL (`?ssl_options={...}`, pika's syntax); an `amqps://` URL
-    without them verifies the server against the system CAs and the URL's host name, which is
-    what Amazon MQ needs.
+    An `amqps://` URL verifies the broker's certificate against `ca_file` (the PEM of the CA
+    that signs it: `Settings.amqp_ca_file`) or, without one, the system's CAs (Amazon MQ,
+    CloudAMQP), and checks that it names the URL's host. That is the only way to set TLS: pika's
+    `?ssl_options=` in the URL is refused, so no URL can turn verification off.
     """
-    params = pika.URLParameters(amqp_url)
-    if params.ssl_options is not None and params.ssl_options.server_hostname is None:
-        context = params.ssl_options.context
-        if context.verify_mode != ssl.CERT_NONE:
-            params.ssl_options = pika.SSLOptions(context, server_hostname=params.host)
+    params = url_parameters(amqp_url)
+    if params.ssl_options is not None:
+        params.ssl_options = pika.SSLOptions(tls_context(ca_file), server_hostname=params.host)
     params.heartbeat = heartbeat
     params.client_properties = {"connection_name": name}
     return params
+
+
+def url_parameters(amqp_url: str) -> pika.URLParameters:
+    """pika's parse of the URL, once it is known to carry no `?ssl_options=` (which pika would
+    act on while parsing: load files, build a context)."""
+    if "ssl_options" in parse_qs(urlsplit(amqp_url).query):
+        raise ConfigError("the broker URL may not carry ?ssl_options=: an amqps:// URL verifies "
+                          "the broker against the CA file (FEDHIVE_AMQP_CA_FILE, a site's "
+                          "broker_ca_file) or the system's CAs", field="amqp_url")
+    return pika.URLParameters(amqp_url)
+
+
+def tls_context(ca_file: str | None) -> ssl.SSLContext:
+    """A client context that verifies the server's certificate and host name (the defaults of
+    `create_default_context`), trusting `ca_file` alone when given."""
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except OSError as err:
+        reason = (f"not a PEM CA certificate ({err.reason})" if isinstance(err, ssl.SSLError)
+                  else err.strerror)
+        raise ConfigError(f"broker CA file {ca_file!r}: {reason}", field="amqp_ca_file") from None
 
 
 def user_name(params: pika.URLParameters) -> str:
@@ -72,12 +94,20 @@ def user_name(params: pika.URLParameters) -> str:
 def connect(
     params: pika.URLParameters, backoff: Backoff, *, stop: threading.Event | None = None
 ) -> pika.BlockingConnection:
-    """Open a connection, retrying transient failures per `backoff`; `Unavailable` when spent."""
+    """Open a connection, retrying transient failures per `backoff`; `Unavailable` when spent.
+
+    A TLS failure that retrying cannot heal (a certificate the CA file does not vouch for or
+    that names another host, a port that does not speak TLS) raises `ConfigError` at once: it
+    is the deployment's to fix, and a process that retried forever would only hide it.
+    """
     delays = backoff.delays()
     while True:
         try:
             return pika.BlockingConnection(params)
         except (pika.exceptions.AMQPConnectionError, OSError) as err:
+            if (refusal := _tls_refusal(err)) is not None:
+                raise ConfigError(f"RabbitMQ at {params.host}:{params.port}: {refusal}",
+                                  field="amqp_url") from None
             wait = next(delays, None)
             if wait is None or (stop is not None and stop.is_set()):
                 raise Unavailable(
@@ -89,6 +119,17 @@ def connect(
                 stop.wait(wait)
             else:
                 time.sleep(wait)
+
+
+def _tls_refusal(err: BaseException) -> str | None:
+    """Why the TLS handshake failed for good, or None (a failure that a retry may get past)."""
+    if isinstance(err, ssl.SSLCertVerificationError):
+        return (f"its TLS certificate is refused ({err.verify_message}): check the CA file "
+                "(FEDHIVE_AMQP_CA_FILE, a site's broker_ca_file; unset: the system's CAs) and "
+                "that the URL's host is a name on the certificate")
+    if isinstance(err, ssl.SSLError) and err.reason == "WRONG_VERSION_NUMBER":
+        return "it does not speak TLS on this port (an amqps:// URL needs the broker's TLS port)"
+    return None
 
 
 class GuardedConnection:

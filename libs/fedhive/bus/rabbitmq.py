@@ -32,8 +32,10 @@ class RabbitBus:
     Every message this bus sends (commands, events, RPC requests and replies) carries the AMQP
     `user_id` of the connection's user, which RabbitMQ verifies; every queue it consumes
     accepts only the senders it is given (by default its own user: services talk to services).
-    `site=True` for a site's processes (site agent, client job): a site's user may declare no
-    exchange and has no reply queue (`fedhive.bus.topology`, `fedhive.bus.rpc`).
+    `site=True` for a site's processes (site agent, client job): a site's user may configure
+    nothing (exchanges and its control queue are checked passively) and has no reply queue
+    (`fedhive.bus.topology`, `fedhive.bus.rpc`). An `amqps://`
+    URL is verified against `settings.amqp_ca_file` (`fedhive.bus.connection`).
     """
 
     def __init__(
@@ -50,6 +52,7 @@ class RabbitBus:
         self.names = Names(settings.namespace)
         self.topology = Topology(self.names, delivery_limit=delivery_limit, site=site)
         self._url = settings.amqp_url
+        self._ca_file = settings.amqp_ca_file
         self._name = f"{settings.namespace}.{name}"
         self._heartbeat = heartbeat
         self._redelivery = redelivery
@@ -62,7 +65,7 @@ class RabbitBus:
 
     def _params(self, role: str) -> pika.URLParameters:
         return connection_parameters(self._url, name=f"{self._name}.{role}",
-                                     heartbeat=self._heartbeat)
+                                     ca_file=self._ca_file, heartbeat=self._heartbeat)
 
     def declare_queue(self, queue: str, binding_keys: Sequence[str] = ()) -> None:
         with connect(self._params("declare"), self._republish) as connection:

@@ -7,6 +7,8 @@
 Namespace and vhost default to FEDHIVE_NAMESPACE and the vhost of FEDHIVE_AMQP_URL. Every user
 gets a fresh random password (re-running `create` rotates them); the passwords go only to the
 `--credentials` JSON file ({"user": "password"}), written with mode 0600 — never commit it.
+A site's user may configure nothing on the broker: `create` also declares the site's control
+queue `<namespace>.site.<site>` (an existing one is left as it is) and `delete` deletes it.
 
 The users, their permissions (and why each grant) and the one `rabbitmqctl eval` that creates
 them are in `fedhive.brokerusers`; this script is its command line.
@@ -33,6 +35,7 @@ from fedhive.brokerusers import (
     plan,
     service_permissions,
     site_permissions,
+    site_user,
     vhost_of,
     with_user,
     write_credentials,
@@ -43,7 +46,7 @@ from fedhive.errors import FedhiveError, InvalidArgument
 __all__ = [  # what tests and benchmarks use through this script (tests/fixtures/sites.py)
     "BrokerUser", "Permissions", "check_name", "check_user", "create_users", "definitions",
     "delete_users", "main", "new_password", "password_hash", "plan", "service_permissions",
-    "site_permissions", "vhost_of", "with_user", "write_credentials",
+    "site_permissions", "site_user", "vhost_of", "with_user", "write_credentials",
 ]
 
 
@@ -70,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="name of the services' user ('' for none; default %(default)s)")
     create.add_argument("--credentials", required=True, type=Path,
                         help="JSON file the passwords are written to (mode 0600)")
-    delete = sub.add_parser("delete", help="delete users (missing ones are ignored)")
+    delete = sub.add_parser("delete", help="delete users and their sites' control queues "
+                                           "(missing ones are ignored)")
     delete.add_argument("users", nargs="+", metavar="USER")
     args = parser.parse_args(argv)
     ctl = shlex.split(args.rabbitmqctl)

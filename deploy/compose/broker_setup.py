@@ -7,7 +7,9 @@ write each site's folder (docker-compose.yml's one-shot `broker-users` service r
   RABBITMQ_SERVICES_PASSWORD: the compose file builds the services' FEDHIVE_AMQP_URL from the
   same variable.
 * Each SITE gets a user `<namespace>.<site>` with a random password, kept in
-  `DIR/SITE/local/site.json`: a re-run keeps it, so an agent that is running stays valid.
+  `DIR/SITE/local/site.json`: a re-run keeps it, so an agent that is running stays valid. The
+  user may configure nothing: the same import declares the site's control queue
+  `<namespace>.site.<site>` and binds it (a re-run leaves an existing queue as it is).
 * `DIR/SITE/local/site.json` gets the site, its broker URL (FEDHIVE_AMQP_URL's host, port and
   vhost with the site's user), FEDHIVE_NAMESPACE, the services' user (whose commands the agent
   takes) and `--storage-url` (where its app bundles come from); fields an operator added are
@@ -45,9 +47,8 @@ from fedhive.brokerusers import (
     BrokerUser,
     check_name,
     definitions,
-    new_password,
     service_permissions,
-    site_permissions,
+    site_user,
     vhost_of,
     with_user,
 )
@@ -81,8 +82,9 @@ def _url_safe(name: str, value: str) -> str:
 
 def import_definitions(management_url: str, user: str, password: str, document: dict[str, Any],
                        wait_s: float) -> None:
-    """POST the definitions (merged into the broker's: existing users are updated); retries
-    while the management API does not answer yet, up to `wait_s`."""
+    """POST the definitions (merged into the broker's: existing users are updated, existing
+    exchanges, queues and bindings left as they are); retries while the management API does
+    not answer yet, up to `wait_s`."""
     request = urllib.request.Request(
         f"{management_url.rstrip('/')}/api/definitions", method="POST",
         data=json.dumps(document).encode(),
@@ -166,10 +168,9 @@ def setup(args: argparse.Namespace) -> list[str]:
                                   _required_env("RABBITMQ_SERVICES_PASSWORD")),
                         service_permissions(settings.namespace))]
     names = Names(settings.namespace)
-    users += [BrokerUser(names.site_user(site),
-                         _earlier_password(args.sites_root / site, names.site_user(site))
-                         or new_password(),
-                         site_permissions(settings.namespace, site)) for site in sites]
+    users += [site_user(settings.namespace, site,
+                        _earlier_password(args.sites_root / site, names.site_user(site)))
+              for site in sites]
     vhost = vhost_of(settings.amqp_url)
     import_definitions(args.management_url, _required_env("RABBITMQ_USER"),
                        _required_env("RABBITMQ_PASSWORD"),

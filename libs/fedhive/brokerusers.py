@@ -5,22 +5,30 @@ Used by `deploy/broker_users.py` (the command line), `deploy/compose/broker_setu
 management HTTP API) and `fedhive poc`.
 
 A site's user is named `<namespace>.<site>` (`Names.site_user`): two deployments, or tenants,
-sharing a broker never share a user. What it runs: ONE `rabbitmqctl eval` reading
+sharing a broker never share a user. It may configure nothing: the provisioning declares what
+its connection uses (the namespace's exchanges, the site's control queue and its binding), and
+the site only checks them passively. What it runs: ONE `rabbitmqctl eval` reading
 `rabbit_definitions:import_raw(<<"JSON">>).` on stdin, JSON being a definitions document (the
-namespace's exchanges, users with salted SHA-256 password hashes, permissions, topic
-permissions): no password or hash appears on a command line, 1,000 sites take one call instead
-of 4,000, and it returns when the import is done (`rabbitmqctl import_definitions -` takes the
-same document but returns before). The equivalent, per site S in namespace N on vhost V
-(regexes anchored; `N`, `S` regex-escaped):
+namespace's exchanges, the sites' control queues and bindings, users with salted SHA-256
+password hashes, permissions, topic permissions): no password or hash appears on a command
+line, 1,000 sites take one call instead of 7,000, and it returns when the import is done
+(`rabbitmqctl import_definitions -` takes the same document but returns before). Importing it
+again (new passwords, a site added) leaves existing exchanges, queues and bindings as they are.
+The equivalent, per site S in namespace N on vhost V (regexes anchored; `N`, `S`
+regex-escaped; the queue as `Topology(site=True)` describes it: quorum, delivery limit, no
+dead letters):
 
+    rabbitmqadmin -V V declare queue name=N.site.S durable=true \\
+        arguments='{"x-queue-type": "quorum", "x-delivery-limit": 5}'
+    rabbitmqadmin -V V declare binding source=N.cmd destination=N.site.S \\
+        routing_key=N.site.S
     rabbitmqctl add_user N.S <password>
     rabbitmqctl set_permissions -p V N.S \\
-        '^N\\.site\\.S$' \\                                              # configure
-        '^(N\\.site\\.S|N\\.(cmd|events|replies))$' \\                   # write
-        '^(N\\.site\\.S|N\\.cmd|amq\\.rabbitmq\\.reply-to)$'            # read
+        '^$' \\                                         # configure
+        '^N\\.(cmd|events|replies)$' \\                 # write
+        '^(N\\.site\\.S|amq\\.rabbitmq\\.reply-to)$'    # read
     rabbitmqctl set_topic_permissions -p V N.S N.events '^site\\.S\\.' '^$'
-    rabbitmqctl set_topic_permissions -p V N.S N.cmd \\
-        '^N\\.job\\.[^.]+\\.server\\.S$' '^N\\.site\\.S$'
+    rabbitmqctl set_topic_permissions -p V N.S N.cmd '^N\\.job\\.[^.]+\\.server\\.S$' '^$'
     rabbitmqctl set_topic_permissions -p V N.S N.replies '^N\\.reply\\.' '^$'
 
 and for the services user U:
@@ -28,13 +36,14 @@ and for the services user U:
     rabbitmqctl set_permissions -p V U '^(N\\.|amq\\.)' '^(N\\.|amq\\.)' '^(N\\.|amq\\.)'
 
 (everything under the namespace, the default exchange and direct reply-to; no topic limits).
-`delete_users` runs one `rabbitmqctl eval` deleting the listed users.
+`delete_users` runs one `rabbitmqctl eval` deleting the listed users and the sites' control
+queues (`rabbitmqctl delete_queue -p V N.site.S; rabbitmqctl delete_user N.S`).
 
 What a site's connection does, and the grant each needs (`fedhive.bus`, site mode):
-* declare its control queue `N.site.S` (configure on it; no dead-letter queue, so it needs
-  nothing on `N.dlx`) and bind it to `N.cmd` by its own name (write on the queue, read on
-  `N.cmd` limited by the topic read permission to that one key), consume it (read);
-* check the exchanges passively (no permission needed): it may declare, and so delete, none;
+* check the exchanges and its control queue passively (no permission needed): it declares,
+  binds, and so deletes or unbinds, nothing; not even a server-named or exclusive queue
+  (it takes replies to its own calls through direct reply-to, which needs no declaration);
+* consume its control queue (read on it);
 * publish task traffic to `N.cmd` only with the routing key `N.job.<job>.server.S`, which the
   server job of a job binds for each of the job's sites and nothing else binds: a site reaches
   the server jobs of its own jobs only (any other key is refused or unroutable);
@@ -42,7 +51,8 @@ What a site's connection does, and the grant each needs (`fedhive.bus`, site mod
   never `site.online`/`site.offline`, which only the registry publishes, nor `job.status.*`);
 * answer the services' RPC requests through `N.replies` (routing keys `N.reply.*`: the
   services' reply queues only; nothing else is bound there), and read replies to its own calls
-  through direct reply-to (the services answer it through the default exchange).
+  through direct reply-to (read on `amq.rabbitmq.reply-to`; the services answer it through
+  the default exchange).
 It has no write on the default exchange (`amq.default`), which would let it publish to any
 queue by name. Every consumer checks the verified `user_id` of what it takes besides
 (`fedhive.bus.senders`).
@@ -87,6 +97,13 @@ class BrokerUser:
     password: str = field(repr=False)
     permissions: Permissions
     tags: tuple[str, ...] = ()
+    site: str | None = None  # a site's user: its control queue is declared with it
+
+
+def site_user(namespace: str, site: str, password: str | None = None) -> BrokerUser:
+    """A site's user (`Names.site_user`), with a fresh password unless one is given."""
+    return BrokerUser(Names(namespace).site_user(check_name(site)), password or new_password(),
+                      site_permissions(namespace, site), site=site)
 
 
 def check_name(name: str) -> str:
@@ -108,14 +125,13 @@ def check_user(name: str) -> str:
 
 def site_permissions(namespace: str, site: str) -> Permissions:
     n, s = re.escape(namespace), re.escape(check_name(site))
-    own = rf"{n}\.site\.{s}"
     return Permissions(
-        configure=rf"^{own}$",
-        write=rf"^({own}|{n}\.(cmd|events|replies))$",
-        read=rf"^({own}|{n}\.cmd|amq\.rabbitmq\.reply-to)$",
+        configure="^$",
+        write=rf"^{n}\.(cmd|events|replies)$",
+        read=rf"^({n}\.site\.{s}|amq\.rabbitmq\.reply-to)$",
         topics={
             f"{namespace}.events": (rf"^site\.{s}\.", "^$"),
-            f"{namespace}.cmd": (rf"^{n}\.job\.[^.]+\.server\.{s}$", rf"^{own}$"),
+            f"{namespace}.cmd": (rf"^{n}\.job\.[^.]+\.server\.{s}$", "^$"),
             f"{namespace}.replies": (rf"^{n}\.reply\.", "^$"),
         },
     )
@@ -138,17 +154,34 @@ def password_hash(password: str, salt: bytes | None = None) -> str:
 
 def definitions(users: Iterable[BrokerUser], vhost: str, namespace: str | None,
                 ) -> dict[str, Any]:
-    """The `import_definitions` document that creates the namespace's exchanges (a site's
-    connection only checks them: `fedhive.bus.topology`; none for `namespace` None) and `users`
-    with their permissions."""
+    """The `import_definitions` document that creates the namespace's exchanges (none for
+    `namespace` None), `users` with their permissions and each site's control queue, bound to
+    the command exchange by its own name (what its `Topology(site=True)` would have declared:
+    a site's connection only checks them, `fedhive.bus.topology`). Importing it again changes
+    passwords and permissions and leaves existing exchanges, queues and bindings as they are."""
     users = list(users)
-    exchanges = Topology(Names(namespace)).exchanges() if namespace else []
+    sites = [u.site for u in users if u.site]
+    if sites and namespace is None:
+        raise ValueError("site users need the namespace of their queues")
+    topology = Topology(Names(namespace or ""), site=True)
+    specs = [topology.command_queue(topology.names.site_queue(site)) for site in sites]
     return {
         "vhosts": [{"name": vhost}],
         "exchanges": [
             {"name": name, "vhost": vhost, "type": kind, "durable": True, "auto_delete": False,
              "internal": False, "arguments": {}}
-            for name, kind in exchanges
+            for name, kind in (topology.exchanges() if namespace else [])
+        ],
+        "queues": [
+            {"name": spec.name, "vhost": vhost, "durable": True, "auto_delete": False,
+             "arguments": topology.queue_arguments(spec)}
+            for spec in specs
+        ],
+        "bindings": [
+            {"source": spec.exchange, "vhost": vhost, "destination": spec.name,
+             "destination_type": "queue", "routing_key": key, "arguments": {}}
+            for spec in specs
+            for key in spec.binding_keys
         ],
         "users": [
             {"name": u.name, "password_hash": password_hash(u.password),
@@ -194,16 +227,29 @@ def create_users(users: Sequence[BrokerUser], vhost: str, ctl: Sequence[str], *,
 
 
 def delete_users(names: Sequence[str], ctl: Sequence[str]) -> None:
-    quoted = ", ".join(f'<<"{check_user(name)}">>' for name in names)
-    code = (f"[rabbit_auth_backend_internal:delete_user(U, <<\"fedhive\">>) || U <- [{quoted}],"
-            " rabbit_auth_backend_internal:exists(U)], ok.")
+    """Delete the users (missing ones are ignored) and a site user's control queue on every
+    vhost it had permissions on: nothing consumes it any more, and sending to a site that was
+    removed should fail as unroutable rather than pile up in its queue."""
+    pairs = []
+    for name in names:
+        namespace, dot, site = check_user(name).partition(".")  # a site's: <namespace>.<site>
+        queue = Names(namespace).site_queue(site) if dot else ""
+        pairs.append(f'{{<<"{name}">>, <<"{queue}">>}}')
+    code = (
+        "Delete = fun(U, Q) -> "
+        "[case rabbit_amqqueue:lookup(rabbit_misc:r(proplists:get_value(vhost, P), queue, Q)) of"
+        " {ok, Found} -> rabbit_amqqueue:delete(Found, false, false, <<\"fedhive\">>);"
+        " _ -> ok end"
+        " || Q =/= <<>>, P <- rabbit_auth_backend_internal:list_user_permissions(U)],"
+        " rabbit_auth_backend_internal:delete_user(U, <<\"fedhive\">>) end,"
+        f" [Delete(U, Q) || {{U, Q}} <- [{', '.join(pairs)}],"
+        " rabbit_auth_backend_internal:exists(U)], ok.")
     _ctl(ctl, ["eval", code])
 
 
 def plan(namespace: str, sites: Sequence[str], service_user: str | None) -> list[BrokerUser]:
     """One user per site (`Names.site_user`) and, when named, the services user."""
-    users = [BrokerUser(Names(namespace).site_user(site), new_password(),
-                        site_permissions(namespace, site)) for site in sites]
+    users = [site_user(namespace, site) for site in sites]
     if service_user:
         users.append(BrokerUser(check_name(service_user), new_password(),
                                 service_permissions(namespace)))

@@ -6,10 +6,11 @@
 The composition root: the site folder gives the site's config and resources (a bad file stops
 the start with one line naming file and field, exit 2), the agent reconciles its workspace
 (re-adopting the client jobs that outlived an earlier agent), then serves its control queue
-`{ns}.site.<site>`, heartbeats, publishes ended client jobs' notices and shares their logs
-(`logs.py`, unless site.json says `share_logs: false`). A clean shutdown stops consuming, aborts
-running client jobs, publishes their notices and last log lines, announces `offline` and closes
-the bus.
+`{ns}.site.<site>` (declared with the site's broker user, which may declare nothing: a missing
+queue stops the start with one line saying how to provision the site), heartbeats, publishes
+ended client jobs' notices and shares their logs (`logs.py`, unless site.json says
+`share_logs: false`). A clean shutdown stops consuming, aborts running client jobs, publishes
+their notices and last log lines, announces `offline` and closes the bus.
 """
 
 from __future__ import annotations
@@ -18,14 +19,17 @@ import argparse
 import json
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fedhive.bus import RabbitBus, Senders, Subscription
+from fedhive.bus import Consumer, RabbitBus, Senders
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError
 from fedhive.names import Names
+from fedhive.readiness import STALE_AFTER, Check
+from fedhive.readiness_checks import consuming, published_within
 from fedhive.service import run
 
 from . import process
@@ -44,6 +48,18 @@ SERVICE = "site-agent"
 CONCURRENCY = 4
 
 
+class ConfirmedHeartbeats(Heartbeats):
+    """Heartbeats that remember when the broker last confirmed one (the readiness check's)."""
+
+    last_confirmed: float | None = None  # time.monotonic()
+
+    def publish(self, kind: str) -> bool:
+        confirmed = super().publish(kind)
+        if confirmed:
+            self.last_confirmed = time.monotonic()
+        return confirmed
+
+
 class RunningAgent:
     def __init__(self, agent: SiteAgent, bus: RabbitBus, workspace: Workspace) -> None:
         self.agent = agent
@@ -58,10 +74,10 @@ class RunningAgent:
             last_server_contact_ms=previous.last_server_contact_ms if previous else 0,
         )
         workspace.save_agent(self._info)
-        self._heartbeats = Heartbeats(agent, bus)
+        self._heartbeats = ConfirmedHeartbeats(agent, bus)
         self._notices = EndedNotices(agent, bus)
         self._logs = LogShipper(agent, workspace, bus)
-        self._control: Subscription | None = None
+        self._control: Consumer | None = None
 
     def start(self) -> None:
         queue = Names(self.agent.config.namespace).site_queue(self.agent.config.site)
@@ -72,6 +88,14 @@ class RunningAgent:
         self._heartbeats.start()
         self._notices.start()
         self._logs.start()
+
+    def ready_checks(self) -> list[Check]:
+        """Its control queue consumed, its heartbeats reaching the broker."""
+        assert self._control is not None  # asked only of a started agent
+        within = STALE_AFTER * self.agent.config.heartbeat_interval_s
+        return [consuming(self._control),
+                published_within("heartbeats", lambda: self._heartbeats.last_confirmed,
+                                 within, "heartbeat")]
 
     def _contact(self) -> None:
         self._info = replace(self._info, last_server_contact_ms=now_ms())

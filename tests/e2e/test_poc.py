@@ -141,6 +141,9 @@ def test_start_status_stop_leaves_no_process(poc: Poc) -> None:
                      "job-runner", "gateway", *(f"site-{site}" for site in poc.sites)]
     assert all(running(e["pid"], e["create_time"]) for e in state["processes"])
     assert set(state["broker_users"]) == set(poc.users) <= broker_users()
+    broker = Broker(poc.env["FEDHIVE_AMQP_URL"], poc.namespace)
+    site_queues = {Names(poc.namespace).site_queue(site) for site in poc.sites}
+    assert site_queues <= set(broker.declared()[0])  # declared with the users: sites cannot
 
     status = poc.run("poc", "status", "--dir", str(poc.root), "--json")
     assert status.returncode == 0, status.stdout
@@ -164,6 +167,7 @@ def test_start_status_stop_leaves_no_process(poc: Poc) -> None:
     assert not [e["name"] for e in state["processes"] if running(e["pid"], e["create_time"])]
     assert leftovers(root) == []
     assert not set(poc.users) & broker_users()
+    assert not site_queues & set(broker.declared()[0])  # deleted with the users
     assert not (poc.root / "state.json").exists()
     after = poc.run("poc", "status", "--dir", str(poc.root))
     assert after.returncode == 1 and "No POC is running" in after.stdout

@@ -17,6 +17,7 @@ import pika.exceptions
 import pytest
 from google.protobuf.message import Message
 
+from fedhive.brokerusers import create_users, delete_users, site_user, vhost_of
 from fedhive.bus import Delivery, RabbitBus, Senders
 from fedhive.bus.publisher import properties
 from fedhive.config import Settings
@@ -88,6 +89,96 @@ def test_a_site_runs_its_own_queue_and_publishes_its_own_events(
         services.close()
 
 
+def exported(vhost: str) -> dict[str, Any]:
+    """The broker's definitions (what `rabbitmqctl export_definitions` reads back), of `vhost`."""
+    done = subprocess.run([*CTL, "-q", "export_definitions", "-"], capture_output=True,
+                          text=True, timeout=60, check=True)
+    document = json.loads(done.stdout)
+    return {kind: [item for item in document.get(kind, []) if item.get("vhost") == vhost]
+            for kind in ("permissions", "queues", "bindings")}
+
+
+def test_a_sites_user_may_configure_nothing_and_its_queue_is_provisioned(
+    sites: dict[str, Settings], namespace: str, amqp_url: str
+) -> None:
+    """Read back from the broker, so that no change can quietly give a site configure again:
+    the provisioning declared the site's queue (as `Topology(site=True)` describes it) and its
+    one binding, by its own name on the command exchange."""
+    names, vhost = Names(namespace), vhost_of(amqp_url)
+    found = exported(vhost)
+    for site in ("a", "b"):
+        queue = names.site_queue(site)
+        [grant] = [p for p in found["permissions"] if p["user"] == names.site_user(site)]
+        assert grant["configure"] == "^$"
+        [declared] = [q for q in found["queues"] if q["name"] == queue]
+        assert (declared["durable"], declared["arguments"]) == (
+            True, {"x-queue-type": "quorum", "x-delivery-limit": 5})
+        bound = [(b["source"], b["routing_key"]) for b in found["bindings"]
+                 if b["destination"] == queue]
+        assert bound == [(names.cmd_exchange, queue)]
+
+
+def test_reprovisioning_keeps_the_queue_and_deleting_the_user_deletes_it(
+    sites: dict[str, Settings], namespace: str, amqp_url: str
+) -> None:
+    """Creating a site's user again (a new password) leaves its queue, and what waits in it, as
+    it is; deleting the user deletes the queue (nothing would consume it again)."""
+    names, vhost = Names(namespace), vhost_of(amqp_url)
+    queue = names.site_queue("c")
+    first = [site_user(namespace, "c")]
+    create_users(first, vhost, CTL, namespace=namespace)
+    services = RabbitBus(sites[f"{namespace}-svc"], name="services")
+    try:
+        services.send(queue, site_pb2.ListSiteJobsRequest(), message_id="waiting")
+        second = [site_user(namespace, "c")]
+        create_users(second, vhost, CTL, namespace=namespace)
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            open_channel(Settings(amqp_url=with_user(amqp_url, first[0].name, first[0].password)))
+        channel = open_channel(Settings(amqp_url=with_user(amqp_url, second[0].name,
+                                                           second[0].password)))
+        try:
+            method, props, _ = channel.basic_get(queue, auto_ack=True)
+            assert method is not None and props.message_id == "waiting"
+        finally:
+            channel.connection.close()
+    finally:
+        services.close()
+    delete_users([second[0].name], CTL)
+    assert queue not in [q["name"] for q in exported(vhost)["queues"]]
+
+
+def test_a_site_consumer_rechecks_its_queue_after_a_reconnect(
+    sites: dict[str, Settings], namespace: str, amqp_url: str
+) -> None:
+    """The queue gone when the connection drops: the consumer keeps retrying (a site cannot
+    declare it) and resumes once the site is provisioned again."""
+    names, vhost = Names(namespace), vhost_of(amqp_url)
+    queue = names.site_queue("d")
+    user = site_user(namespace, "d")
+    create_users([user], vhost, CTL, namespace=namespace)
+    site = RabbitBus(Settings(amqp_url=with_user(amqp_url, user.name, user.password),
+                              namespace=namespace), name="site-d", site=True)
+    services = RabbitBus(sites[f"{namespace}-svc"], name="services")
+    seen: list[str] = []
+    try:
+        consumer = site.serve(queue, lambda m, d: seen.append(d.message_id or ""),
+                              [site_pb2.ListSiteJobsRequest],
+                              senders=Senders.only(services.user))
+        channel = open_channel(Settings(amqp_url=amqp_url))  # the broker's administrator
+        channel.queue_delete(queue)
+        channel.connection.close()
+        assert Broker(amqp_url, namespace).close_connections() >= 1
+        wait_for(lambda: not consumer.consuming, what="the consumer to lose its connection")
+        create_users([user], vhost, CTL, namespace=namespace)  # provisioned again
+        wait_for(lambda: consumer.consuming, timeout=30, what="the consumer to resume")
+        services.send(queue, site_pb2.ListSiteJobsRequest(), message_id="after")
+        wait_for(lambda: seen == ["after"], what="the command after the reconnect")
+    finally:
+        site.close()
+        services.close()
+        delete_users([user.name], CTL)
+
+
 def test_every_probe_with_a_sites_credentials_is_refused(
     sites: dict[str, Settings], namespace: str
 ) -> None:
@@ -96,9 +187,8 @@ def test_every_probe_with_a_sites_credentials_is_refused(
     names = Names(namespace)
     services = RabbitBus(sites[f"{namespace}-svc"], name="services")
     try:  # what the probes aim at exists, so a refusal is the permissions', not a 404
-        for queue in (names.service_queue("job-store"), names.service_queue("job-runner"),
-                      names.site_queue("b")):
-            services.declare_queue(queue)
+        for queue in (names.service_queue("job-store"), names.service_queue("job-runner")):
+            services.declare_queue(queue)  # the sites' queues: the provisioning's
         results = run_probes(sites["a"].amqp_url, namespace, "a", "b")
     finally:
         services.close()
@@ -185,7 +275,6 @@ def test_a_services_call_takes_its_reply_only_from_the_site_it_asked(
     it first: the caller ignores the forged reply and takes b's."""
     names = Names(namespace)
     services = RabbitBus(sites[f"{namespace}-svc"], name="services")
-    services.declare_queue(names.site_queue("b"))
     result: list[Any] = []
     caller = threading.Thread(target=lambda: result.append(services.call(
         names.site_queue("b"), site_pb2.ListSiteJobsRequest(), site_pb2.ListSiteJobsReply,

@@ -11,11 +11,16 @@ import pika
 import pytest
 from google.protobuf.message import Message
 
-from fedhive.bus import Consumer, Delivery, RabbitBus, Senders, TypeRegistry
+from fedhive.bus import Delivery, RabbitBus
 from fedhive.bus.codec import CONTENT_TYPE
 from fedhive.bus.publisher import properties
 from fedhive.config import Settings
-from fedhive.errors import InvalidArgument, PermissionDenied, RpcTimeout, Unavailable
+from fedhive.errors import (
+    ConfigError,
+    InvalidArgument,
+    PermissionDenied,
+    RpcTimeout,
+)
 from fedhive.names import Names
 from fedhive.proto.v1 import common_pb2, site_pb2
 from fedhive.retry import Backoff
@@ -228,19 +233,34 @@ def test_topology_has_the_exchanges_and_a_dead_letter_queue_per_queue(
     ])
 
 
-def test_a_sites_bus_declares_no_exchange_and_its_queue_no_dead_letters(
+def test_a_sites_bus_declares_nothing_and_names_a_missing_queue(
     make_bus: Callable[..., RabbitBus], broker: Broker, namespace: str
 ) -> None:
-    """A site's user may configure nothing but its own queue: its bus checks the exchanges
-    passively (the services declared them) and gives its queue no dead-letter queue."""
+    """A site's user may configure nothing (`fedhive.brokerusers`): its bus only checks that its
+    queue is there (the provisioning declared and bound it), and says how to provision it when it
+    is not, at once."""
     names = Names(namespace)
+    queue = names.site_queue("s")
     site = make_bus(site=True)
-    with pytest.raises(Unavailable, match="did not start"):  # no exchanges yet: 404
-        Consumer(site._params("early"), site.topology,
-                 site.topology.command_queue(names.site_queue("s")), lambda m, d: None,
-                 TypeRegistry(ABORT), Senders.only(site.user)).start(timeout=2)
-    make_bus().declare_queue(names.service_queue("job-store"))  # the services' topology
-    site.serve(names.site_queue("s"), lambda m, d: None, ABORT)
+    with pytest.raises(ConfigError) as missing:
+        site.serve(queue, lambda m, d: None, ABORT)
+    assert str(missing.value) == (
+        f"queue '{queue}' does not exist on the broker (a site declares none): provision site "
+        f"'s' first, e.g. `python deploy/broker_users.py --namespace {namespace} create s "
+        "--credentials FILE` creates its broker user and its queue")
+    assert broker.declared() == ([], [])  # not even an exchange
+    services = make_bus()
+    services.declare_queue(names.service_queue("job-store"))  # the services' exchanges
+    spec = site.topology.command_queue(queue)
+    channel = broker.channel()  # what the provisioning declares for the site
+    try:
+        channel.queue_declare(queue, durable=True, arguments=site.topology.queue_arguments(spec))
+        channel.queue_bind(queue, names.cmd_exchange, routing_key=queue)
+    finally:
+        channel.connection.close()
+    done: list[str] = []
+    site.serve(queue, lambda m, d: done.append(job_id(m)), ABORT)
+    services.send(queue, site_pb2.AbortRequest(job_id="to-the-site"))
+    wait_for(lambda: done == ["to-the-site"], what="the command on the provisioned queue")
     queues, _ = broker.declared()
-    assert names.site_queue("s") in queues
-    assert Names.dead_letter_queue(names.site_queue("s")) not in queues
+    assert Names.dead_letter_queue(queue) not in queues

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from fedhive.blobs import BlobStore
-from fedhive.brokerusers import with_user
+from fedhive.brokerusers import vhost_of, with_user
 from fedhive.bus import RabbitBus
 from fedhive.config import Settings
 from fedhive.names import Names
@@ -21,6 +22,7 @@ from fedhive.proto.v1 import site_pb2
 from fedhive.structs import dict_to_struct, struct_to_dict
 from fedhive_services.site_agent import process
 from fedhive_services.site_agent.heartbeat import UNKNOWN_EXIT_CODE
+from tests.fixtures.bus import Broker
 from tests.fixtures.infra import wait_for
 from tests.fixtures.site_agent import (
     HOLDING_CJ,
@@ -100,6 +102,39 @@ def test_heartbeats_online_offline(
     assert agent.stop() == 0  # SIGTERM: a clean shutdown
     offline = wait_for(lambda: events.of("site.site-1.offline"), what="site.site-1.offline")
     assert offline[0][0].site == "site-1"
+
+
+def test_an_agent_configuring_nothing_serves_its_queue_and_a_missing_one_stops_it(
+    site_agents: SiteAgents, make_bus: Callable[..., RabbitBus], broker: Broker
+) -> None:
+    """Its broker user may configure nothing (read back from the broker): the agent comes
+    online, answers a command on the queue its provisioning declared, and heartbeats. With that
+    queue gone (the site not provisioned) it stops at start with one line naming the queue
+    (besides its JSON log lines)."""
+    events = Events(make_bus)
+    agent = site_agents.start(heartbeat_interval_s=0.2)
+    user = Names(agent.namespace).site_user("site-1")
+    grants = subprocess.run(
+        ["rabbitmqctl", "-q", "--no-table-headers", "list_user_permissions", "-p",
+         vhost_of(broker.amqp_url), user], capture_output=True, text=True, timeout=60, check=True)
+    assert grants.stdout.split("\t")[1] == "^$"  # vhost, configure, write, read
+    wait_for(lambda: events.of("site.site-1.online"), what="site.site-1.online")
+    assert agent.job("no-such-job") is None  # a ListSiteJobs request answered
+    wait_for(lambda: events.of("site.site-1.heartbeat"), what="a heartbeat")
+    assert agent.stop() == 0
+
+    unprovisioned = site_agents.write("site-2")  # its user created, its queue then deleted
+    channel = broker.channel()
+    channel.queue_delete(unprovisioned.queue)
+    channel.connection.close()
+    done = run_cli("run", "--site-dir", str(unprovisioned.site_dir))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert [line for line in done.stderr.splitlines() if not line.startswith("{")] == [
+        f"site-agent: queue '{unprovisioned.queue}' does not exist on the broker (a site "
+        "declares none): provision site 'site-2' first, e.g. `python deploy/broker_users.py "
+        f"--namespace {agent.namespace} create site-2 --credentials FILE` creates its broker "
+        "user and its queue"]
 
 
 def test_sigkill_and_restart_readopt_live_client_jobs_and_report_dead_ones(

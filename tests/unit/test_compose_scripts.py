@@ -1,5 +1,5 @@
 """deploy/compose/'s scripts run for real against local stand-ins: broker_setup.py against a
-fake RabbitMQ management API, admins_file.py, and healthcheck.py's probes against real sockets."""
+fake RabbitMQ management API and admins_file.py (healthcheck.py: tests/unit/test_readiness.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from fedhive.auth import AdminDirectory, Role
 from fedhive.brokerusers import definitions, service_permissions, site_permissions
 from fedhive_services.site_agent.config import load_site, load_site_resources
 
-from .deploy_scripts import admins_file, broker_setup, healthcheck
+from .deploy_scripts import admins_file, broker_setup
 
 STORAGE = "http://minio:9000/fedhive"
 
@@ -103,6 +103,12 @@ def test_broker_setup_creates_the_users_and_writes_each_site_folder(
                          ("fh.site-a", site_permissions("fh", "site-a"))):
         assert permissions[user] == (wanted.configure, wanted.write, wanted.read)
     assert len(document["topic_permissions"]) == 6  # three exchanges per site
+    # a site's user configures nothing: the same import declares and binds its control queue
+    assert [(q["name"], q["arguments"]) for q in document["queues"]] == [
+        (f"fh.site.{site}", {"x-queue-type": "quorum", "x-delivery-limit": 5})
+        for site in ("site-a", "site-b")]
+    assert [(b["source"], b["destination"], b["routing_key"]) for b in document["bindings"]] == [
+        ("fh.cmd", f"fh.site.{site}", f"fh.site.{site}") for site in ("site-a", "site-b")]
     for site in ("site-a", "site-b"):
         config = load_site(tmp_path / site)
         load_site_resources(config)
@@ -178,44 +184,3 @@ def unused_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
-
-
-@pytest.fixture
-def listener() -> Iterator[socket.socket]:
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    yield server
-    server.close()
-
-
-def test_the_connection_probe_sees_established_connections_only(
-        listener: socket.socket, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    port = listener.getsockname()[1]
-    monkeypatch.setenv("FEDHIVE_AMQP_URL", f"amqp://u:p@localhost:{port}/%2F")
-    monkeypatch.setenv("FEDHIVE_REDIS_URL", f"redis://127.0.0.1:{unused_port()}/0")
-    assert healthcheck.main(["connected", "amqp"]) == 1
-    client = socket.create_connection(("127.0.0.1", port))
-    accepted, _ = listener.accept()
-    try:
-        assert healthcheck.established_to("localhost", port)
-        assert healthcheck.main(["connected", "amqp"]) == 0
-        assert healthcheck.main(["connected", "amqp", "redis"]) == 1  # nothing on Redis's port
-        site_dir = tmp_path / "site"
-        (site_dir / "local").mkdir(parents=True)
-        (site_dir / "local" / "site.json").write_text(json.dumps(
-            {"site": "s1", "broker_url": f"amqp://fedhive.s1:pw@127.0.0.1:{port}/%2F",
-             "storage_url": STORAGE}))
-        assert healthcheck.main(["site", "--site-dir", str(site_dir)]) == 0
-        assert healthcheck.main(["site", "--site-dir", str(tmp_path / "no-site")]) == 1
-    finally:
-        client.close()
-        accepted.close()
-    assert not healthcheck.established_to("127.0.0.1", port)
-
-
-def test_the_gateway_probe_says_unhealthy_when_nothing_serves(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    address = f"127.0.0.1:{unused_port()}"
-    assert healthcheck.main(["gateway", address]) == 1
-    assert f"unhealthy: gateway at {address} not SERVING" in capsys.readouterr().err

@@ -8,10 +8,12 @@
   each bound by its own name). Sites answer the services this way: they may not publish to the
   default exchange, which routes to any queue by name (see `fedhive.brokerusers`).
 
-A site's bus declares no exchange (it checks them passively: the services, or the provisioning
-of broker users, declare them) and its control queue has no dead-letter queue: a site user may
-configure nothing but its own queue, so it can neither delete a shared exchange nor bind a queue
-of its own to other queues' dead letters.
+A site's bus declares nothing: a site's broker user may configure nothing at all
+(`fedhive.brokerusers`). Its publisher and RPC client check the exchanges passively, its
+consumer checks its control queue passively (neither needs any permission) and binds nothing.
+The provisioning of the site's user declares that queue with the arguments below and binds it
+(`fedhive.brokerusers`); it has no dead-letter queue. A queue that is not there (the site not
+provisioned) is a `ConfigError` naming it.
 
 Every consuming queue is durable, with a delivery limit, so a message that keeps failing is
 dead-lettered instead of looping. Queues are quorum queues (replicated; the broker counts
@@ -28,6 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pika.exceptions
+
+from fedhive.errors import ConfigError
 from fedhive.names import Names
 
 DEFAULT_DELIVERY_LIMIT = 5
@@ -50,7 +55,8 @@ EXCHANGES = (("cmd_exchange", "topic"), ("events_exchange", "topic"),
 
 
 class Topology:
-    """`site=True`: a site's view (exchanges checked passively, queues without dead letters)."""
+    """`site=True`: a site's view (exchanges and queues checked passively, queues without dead
+    letters)."""
 
     def __init__(self, names: Names, *, delivery_limit: int = DEFAULT_DELIVERY_LIMIT,
                  site: bool = False) -> None:
@@ -80,24 +86,46 @@ class Topology:
 
     def declare_exchanges(self, channel: Any) -> None:
         for exchange, kind in self.exchanges():
-            if self.site:  # fails (404) until the services have declared it
+            if self.site:  # fails (404) until the provisioning or the services declared it
                 channel.exchange_declare(exchange=exchange, passive=True)
             else:
                 channel.exchange_declare(exchange=exchange, exchange_type=kind, durable=True)
 
-    def declare_queue(self, channel: Any, spec: QueueSpec) -> None:
-        """The exchanges, the queue with its dead-letter queue, and its bindings."""
-        self.declare_exchanges(channel)
+    def queue_arguments(self, spec: QueueSpec) -> dict[str, Any]:
+        """What `spec` is declared with (by the provisioning, for a site's queue)."""
         arguments: dict[str, Any] = {"x-queue-type": spec.queue_type}
+        if spec.dead_letters:
+            arguments["x-dead-letter-exchange"] = self.names.dead_letter_exchange
+            arguments["x-dead-letter-routing-key"] = spec.name
+        if spec.queue_type == QUORUM:
+            arguments["x-delivery-limit"] = self.delivery_limit
+        return arguments
+
+    def declare_queue(self, channel: Any, spec: QueueSpec) -> None:
+        """The exchanges, the queue with its dead-letter queue, and its bindings; at a site, a
+        check that the queue is there."""
+        if self.site:
+            self._check_queue(channel, spec.name)
+            return
+        self.declare_exchanges(channel)
         if spec.dead_letters:
             dlq = Names.dead_letter_queue(spec.name)
             channel.queue_declare(queue=dlq, durable=True, arguments={"x-queue-type": "quorum"})
             channel.queue_bind(queue=dlq, exchange=self.names.dead_letter_exchange,
                                routing_key=spec.name)
-            arguments["x-dead-letter-exchange"] = self.names.dead_letter_exchange
-            arguments["x-dead-letter-routing-key"] = spec.name
-        if spec.queue_type == QUORUM:
-            arguments["x-delivery-limit"] = self.delivery_limit
-        channel.queue_declare(queue=spec.name, durable=True, arguments=arguments)
+        channel.queue_declare(queue=spec.name, durable=True, arguments=self.queue_arguments(spec))
         for key in spec.binding_keys:
             channel.queue_bind(queue=spec.name, exchange=spec.exchange, routing_key=key)
+
+    def _check_queue(self, channel: Any, queue: str) -> None:
+        try:
+            channel.queue_declare(queue=queue, passive=True)  # needs no permission
+        except pika.exceptions.ChannelClosedByBroker as err:
+            if err.reply_code != 404:
+                raise
+            site = self.names.site_of_queue(queue) or "SITE"
+            raise ConfigError(
+                f"queue {queue!r} does not exist on the broker (a site declares none): provision "
+                f"site {site!r} first, e.g. `python deploy/broker_users.py --namespace "
+                f"{self.names.ns} create {site} --credentials FILE` creates its broker user and "
+                "its queue", field=queue) from None

@@ -1,8 +1,10 @@
 """The gateway's composition: gRPC server (optionally TLS / mutual TLS), health service, ports.
 
 `build(settings, options, log)` starts everything and returns the running `GatewayServer`;
-`fedhive.service.run` closes it on SIGTERM/SIGINT. Health answers SERVING for "" and for
-`fedhive.v1.AdminService` once the server listens, NOT_SERVING from the start of shutdown.
+`fedhive.service.run` closes it on SIGTERM/SIGINT. Health (for "" and for
+`fedhive.v1.AdminService`) follows readiness (`ready_checks`: the broker and S3, run by
+`fedhive.service.run`): SERVING while ready, NOT_SERVING before the first check, while not
+ready and from the start of shutdown.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from fedhive.config import Settings
 from fedhive.errors import ConfigError
 from fedhive.names import Names
 from fedhive.proto.v1 import admin_pb2, admin_pb2_grpc
+from fedhive.readiness import Check
+from fedhive.readiness_checks import broker_link, bucket_answers
 
 from .handlers import Gateway, GatewayConfig
 from .servicer import AdminServicer
@@ -52,12 +56,22 @@ class GatewayOptions:
 
 class GatewayServer:
     def __init__(self, server: grpc.Server, port: int, health_servicer: health.HealthServicer,
-                 gateway: Gateway, ports: list[Any]) -> None:
+                 gateway: Gateway, ports: list[Any], settings: Settings) -> None:
         self.server = server
         self.port = port
         self._health = health_servicer
         self._gateway = gateway
         self._ports = ports
+        self._settings = settings
+
+    def ready_checks(self) -> list[Check]:
+        """The broker (RPC to the job-store; the gateway consumes nothing, so a connection of
+        the check's own) and S3 (uploads are staged there)."""
+        name = f"{self._settings.namespace}.gateway.readiness"
+        return [broker_link(self._settings, name), bucket_answers(self._settings)]
+
+    def readiness_changed(self, ready: bool) -> None:
+        _serving(self._health, ready)  # ignored once shutdown has begun
 
     def close(self, grace: float = 5.0) -> None:
         """NOT_SERVING, end watches, let running calls finish (up to `grace` seconds), then
@@ -67,6 +81,13 @@ class GatewayServer:
         self.server.stop(grace).wait()
         for port in self._ports:
             port.close()
+
+
+def _serving(health_servicer: health.HealthServicer, serving: bool) -> None:
+    status = (health_pb2.HealthCheckResponse.SERVING if serving
+              else health_pb2.HealthCheckResponse.NOT_SERVING)
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, status)
 
 
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
@@ -98,6 +119,7 @@ def build(settings: Settings, options: GatewayOptions, log: Any) -> GatewayServe
     )
     admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(gateway, admins, log), server)
     health_servicer = health.HealthServicer()
+    _serving(health_servicer, False)  # until the first readiness round
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
         if credentials is None:
@@ -107,8 +129,6 @@ def build(settings: Settings, options: GatewayOptions, log: Any) -> GatewayServe
     except RuntimeError as err:
         raise ConfigError(f"cannot listen on {options.listen}: {err}", field="listen") from None
     server.start()
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("gateway.listening", listen=options.listen, port=port, tls=credentials is not None,
              mutual_tls=bool(options.tls and options.tls.client_ca), admins=len(admins))
-    return GatewayServer(server, port, health_servicer, gateway, [bus, blobs])
+    return GatewayServer(server, port, health_servicer, gateway, [bus, blobs], settings)

@@ -26,10 +26,12 @@ from typing import Any
 from google.protobuf.message import Message
 
 from fedhive.blobs import S3BlobStore
-from fedhive.bus import Delivery, Handler, RabbitBus
+from fedhive.bus import Consumer, Delivery, Handler, RabbitBus
 from fedhive.config import Settings
 from fedhive.names import Names
 from fedhive.proto.v1 import admin_pb2, runner_pb2
+from fedhive.readiness import Check
+from fedhive.readiness_checks import bucket_answers, consuming, redis_answers
 from fedhive.service import positive_seconds, run
 from fedhive.sites.intake import IntakeConfig
 from fedhive.state import RedisStateStore
@@ -55,8 +57,9 @@ class JobRunner:
     def __init__(self, ctx: RunnerContext, blobs: S3BlobStore, state: RedisStateStore,
                  bus: RabbitBus, lease: RunnerLease, heartbeats: HeartbeatIntake,
                  monitor: Monitor, logs: JobLogStore, log_intake: LogIntake,
-                 server_logs: ServerLogs) -> None:
+                 server_logs: ServerLogs, settings: Settings) -> None:
         self.ctx = ctx
+        self.settings = settings
         self.blobs = blobs
         self.state = state
         self.bus = bus
@@ -66,6 +69,12 @@ class JobRunner:
         self.logs = logs
         self.log_intake = log_intake
         self.server_logs = server_logs
+        self.consumer: Consumer | None = None  # of {ns}.job-runner, set once it serves
+
+    def ready_checks(self) -> list[Check]:
+        assert self.consumer is not None  # asked only of a runner `build` returned
+        return [consuming(self.consumer), redis_answers(self.settings),
+                bucket_answers(self.settings)]
 
     def close(self) -> None:
         """Server jobs keep running: a runner started again with the same id re-attaches."""
@@ -114,7 +123,7 @@ def build(settings: Settings, log: Any, *, options: Options) -> JobRunner:
     log_intake = LogIntake(bus, state, logs, log)
     monitor = Monitor(ctx, heartbeats)
     runner = JobRunner(ctx, blobs, state, bus, lease, heartbeats, monitor, logs, log_intake,
-                       server_logs)
+                       server_logs, settings)
     try:
         lease.start()  # first: nothing is touched under an id another live runner holds
         heartbeats.start()
@@ -122,9 +131,9 @@ def build(settings: Settings, log: Any, *, options: Options) -> JobRunner:
         recover(ctx)
         monitor.start()
         server_logs.start()
-        bus.serve(names.service_queue(SERVICE), make_handler(ctx),
-                  [runner_pb2.DispatchJob, admin_pb2.AbortJobRequest],
-                  prefetch=CONCURRENCY * 2, concurrency=CONCURRENCY)
+        runner.consumer = bus.serve(names.service_queue(SERVICE), make_handler(ctx),
+                                    [runner_pb2.DispatchJob, admin_pb2.AbortJobRequest],
+                                    prefetch=CONCURRENCY * 2, concurrency=CONCURRENCY)
         log.info("job_runner.serving", queue=names.service_queue(SERVICE),
                  runner_id=options.runner.holder, holder=lease.holder,
                  work_dir=str(options.runner.work_dir),

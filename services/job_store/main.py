@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedhive.blobs import S3BlobStore
-from fedhive.bus import RabbitBus
+from fedhive.bus import Consumer, RabbitBus
 from fedhive.config import Settings
 from fedhive.names import Names
+from fedhive.readiness import Check
+from fedhive.readiness_checks import bucket_answers, consuming, redis_answers
 from fedhive.service import run
 from fedhive.state import RedisStateStore
 from fedhive.state.joblogs import JobLogStore
@@ -36,6 +38,12 @@ class JobStoreService:
     blobs: S3BlobStore
     rounds: RoundLog
     logs: JobLogStore
+    settings: Settings
+    consumer: Consumer
+
+    def ready_checks(self) -> list[Check]:
+        return [consuming(self.consumer), redis_answers(self.settings),
+                bucket_answers(self.settings)]
 
     def close(self) -> None:
         """Stop consuming (running requests finish and are acked), then release the ports."""
@@ -57,7 +65,7 @@ def build(settings: Settings, log: Any) -> JobStoreService:
     try:
         ctx = JobStoreContext(state=state, blobs=blobs, events=bus, runner=bus, names=names,
                               rounds=rounds, logs=logs)
-        bus.serve(
+        consumer = bus.serve(
             names.service_queue(SERVICE),
             make_handler(ctx),
             ACCEPTS,
@@ -68,7 +76,7 @@ def build(settings: Settings, log: Any) -> JobStoreService:
         bus.close()
         raise
     log.info("job_store.serving", queue=names.service_queue(SERVICE))
-    return JobStoreService(bus, state, blobs, rounds, logs)
+    return JobStoreService(bus, state, blobs, rounds, logs, settings, consumer)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

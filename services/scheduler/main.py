@@ -17,6 +17,8 @@ from fedhive.bus import RabbitBus
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError
 from fedhive.names import Names
+from fedhive.readiness import Check
+from fedhive.readiness_checks import broker_link, redis_answers
 from fedhive.scheduling import Scheduler, SchedulerConfig
 from fedhive.service import count, positive_seconds, run
 from fedhive.state import RedisStateStore
@@ -28,8 +30,15 @@ SERVICE = "scheduler"
 
 
 class Running:
-    def __init__(self, service: SchedulerService, bus: RabbitBus, state: RedisStateStore):
-        self.service, self.bus, self.state = service, bus, state
+    def __init__(self, service: SchedulerService, bus: RabbitBus, state: RedisStateStore,
+                 settings: Settings):
+        self.service, self.bus, self.state, self.settings = service, bus, state, settings
+
+    def ready_checks(self) -> list[Check]:
+        """Leader or standby alike: a standby is ready to take over. A standby consumes
+        nothing, so the broker check is a connection of its own."""
+        name = f"{self.settings.namespace}.{SERVICE}.readiness"
+        return [broker_link(self.settings, name), redis_answers(self.settings)]
 
     def close(self) -> None:
         self.service.close()
@@ -56,7 +65,7 @@ def build(settings: Settings, log: Any, *, config: SchedulerConfig, loop: LoopCo
         state.close()
         raise
     log.info("scheduler.configured", holder=service.holder, **vars(config))
-    return Running(service, bus, state)
+    return Running(service, bus, state, settings)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[SchedulerConfig, LoopConfig]:

@@ -32,6 +32,7 @@ from functools import partial
 from typing import Any
 
 import pika
+import pika.exceptions
 import structlog
 from google.protobuf.message import Message
 
@@ -40,7 +41,7 @@ from fedhive.bus.connection import RECONNECT, connect
 from fedhive.bus.consumer import Delivery
 from fedhive.bus.senders import Senders
 from fedhive.bus.topology import QueueSpec, Topology
-from fedhive.errors import MalformedMessage, Unavailable
+from fedhive.errors import ConfigError, MalformedMessage, Unavailable
 from fedhive.retry import Backoff
 
 log = structlog.get_logger()
@@ -77,6 +78,7 @@ class BatchConsumer:
         self._prefetch = max(prefetch, max_batch)
         self._stopping = threading.Event()
         self._ready = threading.Event()
+        self._start_error: ConfigError | None = None
         self._failures = 0
         self._consuming_since: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"batch-consumer-{spec.name}")
@@ -95,6 +97,9 @@ class BatchConsumer:
             self.stop()
             raise Unavailable(f"consumer of {self.spec.name} did not start within {timeout}s",
                               field=self.spec.name)
+        if self._start_error is not None:  # as `Consumer.start`: only the operator can fix it
+            self.stop()
+            raise self._start_error
 
     def stop(self) -> None:
         """Stop consuming, handle and settle the batch in hand, close, join the thread."""
@@ -111,6 +116,10 @@ class BatchConsumer:
             except Unavailable:
                 return  # stopped while connecting
             except Exception as err:  # the consumer must outlive any failure
+                if isinstance(err, ConfigError) and not self._ready.is_set():
+                    self._start_error = err
+                    self._ready.set()
+                    return
                 attempt = 1 if self._ready.is_set() else attempt + 1
                 wait = RECONNECT.delay(attempt)
                 self._log.warning("bus.consumer_reconnect", error=repr(err), wait=round(wait, 2))
@@ -124,7 +133,7 @@ class BatchConsumer:
             channel = connection.channel()
             self._topology.declare_queue(channel, self.spec)
             channel.basic_qos(prefetch_count=self._prefetch)
-            channel.basic_consume(self.spec.name, partial(self._on_message, batch, tags))
+            tag = channel.basic_consume(self.spec.name, partial(self._on_message, batch, tags))
             self._consuming_since = time.monotonic()
             self._ready.set()
             self._log.info("bus.consuming", batch=self._max_batch)
@@ -134,6 +143,8 @@ class BatchConsumer:
                 # instead of one per message (what costs most at a steady trickle).
                 had = len(batch)
                 connection.process_data_events(time_limit=0)
+                if tag not in channel.consumer_tags:  # the broker cancelled it (queue deleted)
+                    raise pika.exceptions.ConsumerCancelled(self.spec.name)
                 if batch and not had:
                     deadline = time.monotonic() + self._max_wait_s
                 if batch and (len(batch) >= self._max_batch or time.monotonic() >= deadline):

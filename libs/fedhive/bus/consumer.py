@@ -25,8 +25,12 @@ Replies go back where `reply_to` says: a direct reply-to name through the defaul
 caller on a site's connection), a services reply queue (`Names.reply_queue`) through the
 replies exchange (a site may not publish to the default exchange).
 
-On a lost connection the thread reconnects with backoff, re-declares its queue and resumes;
-unacked messages are redelivered by the broker.
+On a lost connection, or a consumer the broker cancelled (its queue deleted), the thread
+reconnects with backoff, re-declares its queue and resumes; unacked messages are redelivered by
+the broker. A `ConfigError` before it first consumed (a
+site's control queue not provisioned: `fedhive.bus.topology`) ends `start()` with that error:
+nothing but the operator can fix it. After that first start it is retried like any failure
+(the site re-provisioned while it waits).
 """
 
 from __future__ import annotations
@@ -51,7 +55,13 @@ from fedhive.bus.connection import RECONNECT, connect, user_name
 from fedhive.bus.publisher import DEADLINE_HEADER, properties
 from fedhive.bus.senders import Senders
 from fedhive.bus.topology import QUORUM, QueueSpec, Topology
-from fedhive.errors import FedhiveError, MalformedMessage, PermissionDenied, Unavailable
+from fedhive.errors import (
+    ConfigError,
+    FedhiveError,
+    MalformedMessage,
+    PermissionDenied,
+    Unavailable,
+)
 from fedhive.proto.v1 import common_pb2
 from fedhive.retry import Backoff
 
@@ -149,8 +159,10 @@ class Consumer:
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix=f"bus-handler-{spec.name}")
         self._stopping = threading.Event()
         self._ready = threading.Event()
+        self._start_error: ConfigError | None = None
         self._consumed = False  # whether the current connection got as far as consuming
         self._consuming_since: float | None = None
+        self._live: tuple[Any, str] | None = None  # (channel, consumer tag) while consuming
         self._thread = threading.Thread(target=self._run, name=f"bus-consumer-{spec.name}")
         self._log = log.bind(queue=spec.name)
 
@@ -161,11 +173,17 @@ class Consumer:
             self.stop()
             raise Unavailable(f"consumer of {self.spec.name} did not start within {timeout}s",
                               field=self.spec.name)
+        if self._start_error is not None:
+            self.stop()
+            raise self._start_error
 
     @property
     def consuming(self) -> bool:
-        """Whether new deliveries are being taken right now (false while reconnecting)."""
-        return self._consuming_since is not None
+        """Whether new deliveries can arrive right now: connected, the channel open and the
+        consumer still registered (false while reconnecting, and once the broker closed the
+        channel or cancelled the consumer, e.g. because its queue was deleted)."""
+        live = self._live
+        return live is not None and live[0].is_open and live[1] in live[0].consumer_tags
 
     @property
     def consuming_since(self) -> float | None:
@@ -191,6 +209,10 @@ class Consumer:
             except Unavailable:
                 return  # stopped while connecting
             except Exception as err:  # the consumer must outlive any failure
+                if isinstance(err, ConfigError) and not self._ready.is_set():
+                    self._start_error = err  # never consumed yet: start() raises it
+                    self._ready.set()
+                    return
                 attempt = 1 if self._consumed else attempt + 1
                 wait = RECONNECT.delay(attempt)
                 self._log.warning("bus.consumer_reconnect", error=repr(err), wait=round(wait, 2))
@@ -206,16 +228,21 @@ class Consumer:
             tag = channel.basic_consume(self.spec.name, partial(self._on_message, session))
             self._consumed = True
             self._consuming_since = time.monotonic()
+            self._live = (channel, tag)
             self._ready.set()
             self._log.info("bus.consuming")
             while not self._stopping.is_set():
                 connection.process_data_events(time_limit=0.2)
+                if tag not in channel.consumer_tags:  # the broker cancelled it (queue deleted)
+                    raise pika.exceptions.ConsumerCancelled(self.spec.name)
+            self._live = None
             channel.basic_cancel(tag)
             self._consuming_since = None
             while session.unsettled:  # handlers still running: let them finish and settle
                 connection.process_data_events(time_limit=0.1)
         finally:
             self._consuming_since = None
+            self._live = None
             if connection.is_open:
                 connection.close()
 

@@ -12,6 +12,12 @@ payload.
 Presigned URLs are signed for `Settings.s3_public_endpoint_url` when it is set (sites reach S3
 at another address than the services do): a second client, used only to sign (signing is local,
 it never opens a connection), carries that endpoint.
+
+Credentials: static keys from `Settings` when set, else boto3's default chain (profile, web
+identity, ECS/EKS container endpoint, EC2 instance metadata). Chain credentials are temporary:
+botocore refreshes them before they expire, in this process, from the same source; nothing here
+copies them anywhere (a child process resolves them through the chain itself). A URL they sign
+dies with them, so its `expires_at_ms` is capped at their expiry.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
 import boto3
@@ -28,6 +35,7 @@ from botocore.config import Config
 from botocore.exceptions import (
     ClientError,
     ConnectionError,
+    CredentialRetrievalError,
     HTTPClientError,
     IncompleteReadError,
     NoCredentialsError,
@@ -49,6 +57,7 @@ from fedhive.blobs.transfer import (
 from fedhive.config import Settings
 from fedhive.errors import (
     AlreadyExists,
+    BlobAccessDenied,
     BlobNotFound,
     ConfigError,
     FedhiveError,
@@ -58,6 +67,7 @@ from fedhive.errors import (
 from fedhive.retry import Backoff
 
 if TYPE_CHECKING:
+    from botocore.credentials import Credentials
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_s3.type_defs import CompletedPartTypeDef
 
@@ -97,11 +107,13 @@ class S3BlobStore:
         read_part_size: int = 8 * MiB,
         backoff: Backoff | None = None,
         presigner: S3Client | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         if part_size < _MIN_PART:
             raise InvalidArgument("S3 multipart parts must be at least 5 MiB", field="part_size")
         self._client = client
         self._presigner = presigner or client
+        self._credentials = credentials  # what the clients sign with (for its expiry)
         self._bucket = bucket
         self._region = region
         self._workers = workers
@@ -115,7 +127,8 @@ class S3BlobStore:
         """`s3_endpoint_url` None means AWS (virtual-hosted addressing); a custom endpoint
         (SeaweedFS, MinIO) gets path-style addressing. Credentials: the explicit ones in
         `settings` when set, else boto3's default chain. `s3_public_endpoint_url`, when set, is
-        the endpoint presigned URLs are signed for."""
+        the endpoint presigned URLs are signed for. A credentials source that fails (a
+        container endpoint refusing) is `Unavailable`, in one line."""
         workers = int(options.get("workers", 8))
         session = boto3.session.Session(
             aws_access_key_id=settings.aws_access_key_id,
@@ -133,6 +146,10 @@ class S3BlobStore:
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
+        try:  # the chain is resolved here, once per session; clients share what it found
+            credentials = session.get_credentials()
+        except CredentialRetrievalError as err:
+            raise _credentials_failed(err) from err
         client = session.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
         if settings.s3_public_endpoint_url and "presigner" not in options:
             options["presigner"] = session.client(
@@ -140,7 +157,8 @@ class S3BlobStore:
                 endpoint_url=settings.s3_public_endpoint_url,
                 config=config.merge(Config(s3={"addressing_style": "path"})),
             )
-        return cls(client, settings.s3_bucket, region=settings.s3_region, **options)
+        return cls(client, settings.s3_bucket, region=settings.s3_region,
+                   credentials=credentials, **options)
 
     @property
     def bucket(self) -> str:
@@ -160,6 +178,12 @@ class S3BlobStore:
             return
         except BlobNotFound:
             pass
+        except BlobAccessDenied:
+            # a HEAD answer has no error document: a GET learns S3's reason (InvalidAccessKeyId,
+            # ExpiredToken, AccessDenied), which is then the error
+            self._call("checking", self._bucket, lambda: self._client.list_objects_v2(
+                Bucket=self._bucket, MaxKeys=1))
+            return
         try:
             if self._region == "us-east-1":
                 self._client.create_bucket(Bucket=self._bucket)
@@ -377,7 +401,15 @@ class S3BlobStore:
         url = self._call("signing", key, lambda: self._presigner.generate_presigned_url(
             method, Params={"Bucket": self._bucket, "Key": key, **params}, ExpiresIn=expires_in
         ))
-        return PresignedUrl(url, expires_at_ms)
+        # read after signing: signing refreshes credentials about to expire
+        dies_ms = self._credentials_expiry_ms()
+        return PresignedUrl(url, expires_at_ms if dies_ms is None else min(expires_at_ms, dies_ms))
+
+    def _credentials_expiry_ms(self) -> int | None:
+        """When temporary credentials expire (unix ms); None for static keys. botocore keeps
+        the expiry of its `RefreshableCredentials` in `_expiry_time` (no public accessor)."""
+        expiry = getattr(self._credentials, "_expiry_time", None)
+        return int(expiry.timestamp() * 1000) if isinstance(expiry, datetime) else None
 
     def _put_multipart(self, key: str, views: list[memoryview], total: int) -> None:
         part_size = max(self._part_size, -(-total // _MAX_PARTS))
@@ -437,8 +469,11 @@ class S3BlobStore:
                 raise self._translate(err, action, key) from err
             except NoCredentialsError as err:
                 raise ConfigError(f"{action} blob {key}: no S3 credentials: set "
-                                  "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or give the "
-                                  "process an IAM role)", field="AWS_ACCESS_KEY_ID") from err
+                                  "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give the "
+                                  "process a role (instance profile, ECS/EKS task role, "
+                                  "AWS_PROFILE)", field="AWS_ACCESS_KEY_ID") from err
+            except CredentialRetrievalError as err:  # a refresh failed: maybe a blip, retried
+                raise _credentials_failed(err) from err
             except _TRANSIENT as err:
                 raise Unavailable(f"{action} blob {key}: {err!r}", field=key) from err
 
@@ -452,3 +487,8 @@ class S3BlobStore:
         error = err.response.get("Error", {})
         status = int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
         return s3_failure(status, error.get("Code", ""), error.get("Message", ""), key, action)
+
+
+def _credentials_failed(err: CredentialRetrievalError) -> Unavailable:
+    """botocore names the source (container-role, sso, ...); its error body may span lines."""
+    return Unavailable(f"S3 credentials: {' '.join(str(err).split())}", field="credentials")

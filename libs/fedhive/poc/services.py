@@ -63,13 +63,20 @@ def commands(layout: PocLayout, sites: list[str], gateway: str) -> list[Command]
     return found
 
 
+# The static S3 keys a services process gets from `settings` only; its other AWS_* variables
+# (a profile, a role's web identity, the container or instance metadata endpoints) stay, so a POC
+# pointed at a real S3 resolves credentials through boto3's chain as a deployment does.
+_STATIC_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
 def environment(settings: Settings, layout: PocLayout, *, site: bool = False) -> dict[str, str]:
-    """This process's environment without its FEDHIVE_*/AWS_* variables, plus those that make
+    """This process's environment without its FEDHIVE_* variables, plus those that make
     `Settings.from_env()` equal `settings`, plus the POC marker. A site agent (`site`) gets no
-    broker, Redis or S3 setting: its broker URL is in its site.json, and a site holds no
-    credentials of the services (its client jobs and trainers inherit its environment)."""
-    env = {k: v for k, v in child_environment().items()
-           if not k.startswith(("FEDHIVE_", "AWS_"))}
+    broker, Redis or S3 setting nor any AWS_* variable: its broker URL is in its site.json, and
+    a site holds no credentials of the services (its client jobs and trainers inherit its
+    environment)."""
+    dropped = ("FEDHIVE_", "AWS_") if site else ("FEDHIVE_", *_STATIC_KEYS)
+    env = {k: v for k, v in child_environment().items() if not k.startswith(dropped)}
     if site:
         env.update({"FEDHIVE_LOG_LEVEL": settings.log_level,
                     "FEDHIVE_INLINE_THRESHOLD": str(settings.inline_threshold),
@@ -77,7 +84,10 @@ def environment(settings: Settings, layout: PocLayout, *, site: bool = False) ->
         return env
     values = {
         "FEDHIVE_AMQP_URL": settings.amqp_url,
+        "FEDHIVE_AMQP_CA_FILE": settings.amqp_ca_file,
         "FEDHIVE_REDIS_URL": settings.redis_url,
+        "FEDHIVE_REDIS_CA_FILE": settings.redis_ca_file,
+        "FEDHIVE_REDIS_CLUSTER": "1" if settings.redis_cluster else None,
         "FEDHIVE_S3_ENDPOINT_URL": settings.s3_endpoint_url,
         "FEDHIVE_S3_PUBLIC_ENDPOINT_URL": settings.s3_public_endpoint_url,
         "FEDHIVE_S3_BUCKET": settings.s3_bucket,
@@ -101,6 +111,7 @@ class SiteLink:
     namespace: str
     services_user: str  # the broker user whose commands its agent takes
     storage_url: str  # where its app bundles come from (`S3BlobStore.url_prefix`)
+    broker_ca_file: str | None = None  # the services' FEDHIVE_AMQP_CA_FILE: the same broker
 
 
 def write_site(layout: PocLayout, site: str, broker_url: str, link: SiteLink) -> Path:
@@ -110,6 +121,8 @@ def write_site(layout: PocLayout, site: str, broker_url: str, link: SiteLink) ->
               "namespace": link.namespace, "services_user": link.services_user,
               "storage_url": link.storage_url, "heartbeat_interval_s": HEARTBEAT_S,
               "abort_grace_s": 5}
+    if link.broker_ca_file:
+        config["broker_ca_file"] = str(Path(link.broker_ca_file).resolve())
     write_private(folder / "local" / "site.json", json.dumps(config, indent=2) + "\n")
     (folder / "local" / "resources.json").write_text(json.dumps(RESOURCES, indent=2) + "\n")
     return folder

@@ -173,7 +173,8 @@ def _prepare(layout: PocLayout, state: PocState, settings: Settings, ctl: Sequen
         raise PocFailed(f"{ctl[0]} did not answer within {err.timeout:.0f} s (creating the sites'"
                         " broker users): check that RabbitMQ runs (rabbitmqctl status)") from None
     store = S3BlobStore.from_settings(settings)
-    link = SiteLink(settings.namespace, user_of(settings.amqp_url), store.url_prefix())
+    link = SiteLink(settings.namespace, user_of(settings.amqp_url), store.url_prefix(),
+                    settings.amqp_ca_file)
     store.close()
     for site, user in zip(state.sites, users, strict=True):
         write_site(layout, site, with_user(settings.amqp_url, user.name, user.password), link)
@@ -187,6 +188,8 @@ def _start_services(layout: PocLayout, state: PocState, settings: Settings, say:
     sites_env = environment(settings, layout, site=True)
     for command in found:
         env = sites_env if command.name.startswith("site-") else services_env
+        # Each process its own readiness file (two site agents would share the default path).
+        env = {**env, "FEDHIVE_READY_FILE": str(layout.logs / f"{command.name}.ready")}
         command.cwd.mkdir(parents=True, exist_ok=True)
         _record(state, layout, procs.spawn(command.name, command.argv, env=env,
                                            log=layout.log(command.name), cwd=command.cwd))

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup proto lint test bench soak infra gpu-check demo
+.PHONY: setup proto lint test bench soak infra gpu-check demo wheel wheel-demo
 
 setup: $(STAMP)
 
@@ -38,6 +38,19 @@ infra:
 # docker compose.
 demo: setup
 	$(VENV)/bin/fedhive demo $(DEMO_ARGS)
+
+# The wheel `pip install fedhive` gets (dist/fedhive-VERSION-py3-none-any.whl): the CLI, SDK and
+# services, the generated protobuf and the example jobs (setup.py bundles them); torch, SeaweedFS
+# and matplotlib are the extras torch, poc and plot. build/lib is cleared first: a file deleted
+# from the tree would otherwise stay in the next wheel.
+wheel:
+	rm -rf build/lib build/bdist.* dist/fedhive-*.whl
+	python3 -m pip wheel -q --no-deps --wheel-dir dist .
+
+# CI's demo: the wheel in a fresh venv (build/wheel-venv), bare then with [torch,poc], and
+# `fedhive demo --local` run from outside the repository (deploy/local/wheel-demo.sh).
+wheel-demo: wheel infra
+	bash deploy/local/wheel-demo.sh
 
 # Each script prints JSON and writes bench/results/<name>.json; bench/RESULTS.md says how to read them.
 bench: setup infra

@@ -63,7 +63,7 @@ def stack(tmp_path: Path) -> Iterator[ComposeStack]:
     compose.write_env_file(running.env_file, compose.env_values(free_ports(1)[0], tag))
     try:
         # hello-numpy needs no torch: a smaller image builds faster
-        running.up("EXAMPLE_PACKAGES=", timeout=UP_TIMEOUT_S)
+        running.up("EXTRAS=", timeout=UP_TIMEOUT_S)
         yield running
     finally:
         running.down()

@@ -7,7 +7,10 @@ the stack when a Docker engine answers)."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,9 +25,13 @@ from fedhive.auth import Role
 from fedhive.config import Settings
 from fedhive.names import Names
 from fedhive.poc import compose as poc_compose
+from fedhive.readiness import ReadyConfig, default_path
 from fedhive_services.gateway.main import parse_options
+from fedhive_services.job_runner import main as runner_main
 from fedhive_services.job_runner.main import parse_args as runner_args
+from fedhive_services.scheduler import main as scheduler_main
 from fedhive_services.scheduler.main import parse_args as scheduler_args
+from fedhive_services.site_agent import main as site_agent_main
 from fedhive_services.site_agent.config import load_site
 from fedhive_services.site_agent.main import parse_args as site_agent_args
 
@@ -261,25 +268,19 @@ def test_the_one_shots_set_up_what_the_services_read(services: dict[str, Any]) -
     assert mounts(services["admins"]) == {str(admins.out.parent): "gateway-config"}
 
 
-def test_health_checks_run_real_probes_of_the_right_thing(
+def test_health_checks_read_each_services_own_readiness_file(
         services: dict[str, Any], example: dict[str, str]) -> None:
+    written = {"job-store": "fedhive-job-store", "scheduler": scheduler_main.SERVICE,
+               "job-runner": runner_main.SERVICE, "gateway": "gateway"}  # what main() runs as
     for name in SERVICES | SITES:
         test = services[name]["healthcheck"]["test"]
         assert test[0] == "CMD"
         args = healthcheck.parse_args(script_args(test[1:], "healthcheck.py"))
+        assert args.probe == "ready" and args.file is None, name
+        writer = written.get(name, site_agent_main.SERVICE)
         env = environment(services[name], example)
-        if name == "gateway":
-            assert args.probe == "gateway"
-            listen = parse_options(services["gateway"]["command"][1:]).listen
-            assert args.address.rsplit(":", 1)[1] == listen.rsplit(":", 1)[1]
-        elif name in SITES:
-            assert args.probe == "site"
-            assert args.site_dir == site_agent_args(services[name]["command"][1:]).site_dir
-        else:
-            assert args.probe == "connected"
-            names = {"amqp": "FEDHIVE_AMQP_URL", "redis": "FEDHIVE_REDIS_URL"}
-            assert all(names[target] in env for target in args.to), name
-    assert services["scheduler"]["healthcheck"]["test"][-1] == "redis"  # a standby has no AMQP
+        assert (ReadyConfig.from_env(args.service, env).path
+                == ReadyConfig.from_env(writer, env).path == default_path(writer)), name
 
 
 # --- environment: names fedhive.config reads, least privilege, no secrets -----------------------
@@ -360,27 +361,56 @@ def test_every_variable_is_defined_in_the_env_example_and_the_env_file_is_ignore
 
 
 # --- the Dockerfile and its build context -------------------------------------------------------
-def test_the_dockerfile_installs_the_package_as_a_non_root_user() -> None:
-    text = DOCKERFILE.read_text()
-    lines = [line.strip() for line in text.splitlines() if line.strip()
-             and not line.lstrip().startswith("#")]
-    assert re.match(r"FROM python:3\.1[1-9]-slim", lines[0])
-    for source in ("pyproject.toml setup.py README.md ./", "libs/ libs/", "services/ services/"):
-        assert f"COPY {source}" in lines
-    assert any(re.match(r"RUN pip install \.( |$)", line) for line in lines)
-    assert f"COPY deploy/compose/ {IMAGE_SCRIPTS}" in lines
-    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+def dockerfile_lines() -> list[str]:
+    """The Dockerfile's instructions, continuation lines joined, comments left out."""
+    text = re.sub(r"\\\n", "", DOCKERFILE.read_text())
+    return [line.strip() for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_the_dockerfile_builds_the_wheel_and_installs_it_as_a_non_root_user() -> None:
+    lines = dockerfile_lines()
+    stages = [index for index, line in enumerate(lines) if line.startswith("FROM ")]
+    assert len(stages) == 2 and all(re.match(r"FROM python:3\.1[1-9]-slim", lines[index])
+                                    for index in stages)
+    build, image = lines[:stages[1]], lines[stages[1]:]
+    name = lines[0].split()[-1]  # FROM ... AS NAME
+    # The build stage makes the wheel as `make wheel` does, from what the wheel holds.
+    for source in ("pyproject.toml setup.py MANIFEST.in README.md ./", "libs/ libs/",
+                   "services/ services/", "examples/ examples/"):
+        assert f"COPY {source}" in build
+    assert "RUN pip wheel --no-deps --wheel-dir /dist ." in build
+    # The image installs that wheel with its extras, never the source tree.
+    assert f"COPY --from={name} /dist/ /tmp/dist/" in image
+    assert any(re.search(r'pip install "\$wheel\$\{EXTRAS:\+\[\$EXTRAS\]\}"', line)
+               for line in image)
+    assert not any(re.search(r"pip install \.( |$)", line) for line in lines)
+    assert not any(line.startswith(("COPY libs", "COPY services")) for line in image)
+    assert f"COPY deploy/compose/ {IMAGE_SCRIPTS}" in image
+    users = [line.split()[1] for line in image if line.startswith("USER ")]
     assert users and users[-1] not in ("root", "0")
-    assert not re.search(r"^(ENV|ARG)\s+\S*(PASSWORD|SECRET|TOKEN)", text, re.MULTILINE)
+    assert not any(re.match(r"(ENV|ARG)\s+\S*(PASSWORD|SECRET|TOKEN)", line) for line in lines)
 
 
-def test_the_image_gets_cpu_torch_at_the_pinned_version() -> None:
-    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]["dev"]
-    pin = next(requirement for requirement in dev if requirement.startswith("torch=="))
-    text = DOCKERFILE.read_text()
-    assert re.search(rf'ARG EXAMPLE_PACKAGES="[^"]*\b{re.escape(pin)}\b', text)
-    assert "--extra-index-url https://download.pytorch.org/whl/cpu $EXAMPLE_PACKAGES" in text
+def test_the_image_gets_the_torch_extra_with_cpu_torch_at_the_pinned_version() -> None:
+    """The dependency layer's requirements are what pyproject.toml gives the core and EXTRAS
+    (the Dockerfile's own Python run here), torch pinned, from the CPU wheel index."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pin = next(r for r in project["optional-dependencies"]["torch"] if r.startswith("torch=="))
+    lines = dockerfile_lines()
+    extras = next(re.fullmatch(r'ARG EXTRAS="([^"]*)"', line) for line in lines
+                  if line.startswith("ARG EXTRAS="))
+    assert extras is not None and extras.group(1).split(",") == ["torch"]
+    run = next(line for line in lines if line.startswith('RUN python -c "'))
+    code, _, rest = run.removeprefix('RUN python -c "').partition('" > /tmp/requirements.txt')
+    assert "pip install --extra-index-url https://download.pytorch.org/whl/cpu -r " \
+           "/tmp/requirements.txt" in rest
+    code = code.replace("/tmp/pyproject.toml", str(ROOT / "pyproject.toml"))
+    for chosen, expected in (("torch", [*project["dependencies"], pin, "scikit-learn>=1.4"]),
+                             ("", project["dependencies"])):
+        done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "EXTRAS": chosen},
+                              capture_output=True, text=True, timeout=30, check=True)
+        assert done.stdout.split() == expected
 
 
 def test_the_build_context_is_only_what_the_dockerfile_copies() -> None:
@@ -389,8 +419,8 @@ def test_the_build_context_is_only_what_the_dockerfile_copies() -> None:
     assert patterns[0] == "*"  # everything else (.venv, deploy/compose.env, ...) stays out
     included = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
     copied = set()
-    for line in DOCKERFILE.read_text().splitlines():
-        if line.startswith("COPY "):
+    for line in dockerfile_lines():
+        if line.startswith("COPY ") and not line.startswith("COPY --from="):  # not a stage's
             copied |= {source.rstrip("/") for source in line.split()[1:-1]}
     assert copied == included
     assert not any(path.startswith(("deploy/compose.env", ".venv", "deploy/sites"))

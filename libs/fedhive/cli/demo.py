@@ -1,12 +1,14 @@
 """`fedhive demo` (what `make demo` runs): the whole system, then examples/hello-numpy and
 examples/hello-pt with live progress, a summary, and the system stopped again. The system is
 the docker-compose deployment when a Docker engine answers (`--compose` insists on it), local
-processes (a POC) otherwise or with `--local`.
+processes (a POC) otherwise, with `--local`, or where there is no docker-compose.yml (an installed
+wheel outside the repository).
 
 Live: one progress bar per job (status, round k/N, the last round's aggregate metrics) and a
 line per finished round, from the job record and the rounds `fedhive metrics` shows (polled
 through the SDK). Summary: rounds, final metrics (accuracy), time, where each result and
-training curve is. Exit 0 only if both jobs completed; 1 otherwise (one line says why); 130
+training curve is (curves need matplotlib, the `plot` extra: without it the summary says so
+and draws none). Exit 0 only if both jobs completed; 1 otherwise (one line says why); 130
 after Ctrl-C (or SIGTERM), which stops everything the demo started (`docker compose down -v`
 for the compose project).
 
@@ -35,6 +37,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedhive import extras
 from fedhive.cli.exits import Exit, exit_code, fail, fail_with, message
 from fedhive.cli.jobs import JsonOpt, _print_json
 from fedhive.cli.metrics import plot_series, write_plot
@@ -108,7 +111,10 @@ def demo(
     try:
         folder = find_examples(examples)
         check_example_needs()
-        no_engine = compose.why_no_engine() if use_compose is not False else "--local"
+        if use_compose is False:
+            no_engine: str | None = "--local"
+        else:  # auto: local processes where there is no compose file either (a wheel)
+            no_engine = compose.why_no_engine() or (None if use_compose else _no_compose_file())
         if use_compose and no_engine:
             raise PocFailed(f"--compose needs docker compose: {no_engine}: start Docker, or "
                             "leave out --compose to run local processes")
@@ -151,8 +157,12 @@ def demo(
             raise fail(err) from None
     if failure is not None:
         raise _fail(f"the demo failed: {message(failure)}", exit_code(failure))
-    curves = {job.job_id: _curve(job, layout) for job in jobs}
+    no_plot = extras.missing("matplotlib")
+    curves = {} if no_plot else {job.job_id: _curve(job, layout) for job in jobs}
     _summary(console, jobs, results, curves, demo_seconds, system.afterwards)
+    if no_plot:
+        console.print(f"No curves drawn: {extras.needs('a training curve', no_plot)}",
+                      soft_wrap=True, markup=False)  # markup would eat the [plot]
     if record is not None:
         _record(record, demo_seconds, poc_seconds, jobs)
     if as_json:
@@ -161,6 +171,16 @@ def demo(
     if failed:
         raise _fail("; ".join(f"{job.name} ended {job.status.value}: {job.reason}"
                               for job in failed))
+
+
+def _no_compose_file() -> str | None:
+    """Why an answering engine still cannot run the compose deployment: no docker-compose.yml
+    here nor in a checkout (fedhive installed from its wheel); None when there is one."""
+    try:
+        compose.find_compose_dir()
+    except PocFailed as err:
+        return str(err)
+    return None
 
 
 def _poc(options: PocOptions, settings: Settings, keep: bool, console: Console) -> _System:

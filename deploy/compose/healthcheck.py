@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedhive.config import Settings
 from fedhive.errors import FedhiveError
 from fedhive.readiness import ReadyConfig, read_report, verdict
 
@@ -28,7 +29,7 @@ SERVICES = ("job-store", "scheduler", "job-runner", "gateway", "site-agent")
 
 def check(argv: Sequence[str] | None = None) -> tuple[bool, str]:
     args = parse_args(argv)
-    path = args.file or ReadyConfig.from_env(args.service).path
+    path = args.file or ReadyConfig.for_service(args.service, Settings.from_env()).path
     try:
         report = read_report(path)
     except FileNotFoundError:

@@ -45,6 +45,9 @@ class Settings:
     namespace: str = "fedhive"
     inline_threshold: int = 2 * MiB  # arrays up to this many bytes travel inside messages
     log_level: str = "INFO"
+    # Where a service writes its readiness (`fedhive.readiness`); None: a per-service default.
+    ready_file: str | None = None
+    ready_interval_s: float = 5.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -108,6 +111,9 @@ class Settings:
                 field="FEDHIVE_LOG_LEVEL",
             )
         values["log_level"] = level
+        values["ready_file"] = get("FEDHIVE_READY_FILE", None)
+        values["ready_interval_s"] = _seconds(
+            "FEDHIVE_READY_INTERVAL", get("FEDHIVE_READY_INTERVAL", str(defaults.ready_interval_s)))
         if bool(values["aws_access_key_id"]) != bool(values["aws_secret_access_key"]):
             raise ConfigError(
                 "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together",
@@ -188,6 +194,17 @@ def _match(name: str, value: str | None, pattern: re.Pattern[str], what: str) ->
     if value is None or not pattern.match(value):
         raise ConfigError(f"{name}={value!r} must be {what}", field=name)
     return value
+
+
+def _seconds(name: str, value: str | None, most: float = 3600) -> float:
+    try:
+        number = float(value or "")
+    except ValueError:
+        number = 0.0
+    if not 0 < number <= most:
+        raise ConfigError(f"{name}={value!r} must be a number of seconds above 0 (at most "
+                          f"{most:g})", field=name)
+    return number
 
 
 def _int(name: str, value: str | None) -> int:

@@ -17,7 +17,8 @@ not ready). A file rather than an HTTP endpoint: no port to bind, secure or coll
 every orchestrator can run a command in the container.
 
 The path is FEDHIVE_READY_FILE, else `<tmp>/fedhive-<service>.ready`; FEDHIVE_READY_INTERVAL
-sets the interval. This module stays light (standard library only): the probe imports it.
+sets the interval (both read by `fedhive.config`). This module stays light (the standard
+library and the settings): the probe imports it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedhive.config import Settings
 from fedhive.errors import ConfigError
 
 DEFAULT_INTERVAL_S = 5.0
@@ -136,18 +138,10 @@ class ReadyConfig:
         return min(DEFAULT_TIMEOUT_S, self.interval_s)
 
     @classmethod
-    def from_env(cls, service: str, environ: Mapping[str, str] | None = None) -> ReadyConfig:
-        env = os.environ if environ is None else environ
-        path = env.get("FEDHIVE_READY_FILE", "").strip() or str(default_path(service))
-        text = env.get("FEDHIVE_READY_INTERVAL", "").strip() or str(DEFAULT_INTERVAL_S)
-        try:
-            interval = float(text)
-        except ValueError:
-            interval = 0.0
-        if not 0 < interval <= 3600:
-            raise ConfigError(f"FEDHIVE_READY_INTERVAL={text!r} must be a number of seconds "
-                              "above 0 (at most 3600)", field="FEDHIVE_READY_INTERVAL")
-        return cls(Path(path), interval)
+    def for_service(cls, service: str, settings: Settings) -> ReadyConfig:
+        """FEDHIVE_READY_FILE and FEDHIVE_READY_INTERVAL (`Settings`), else the defaults."""
+        path = Path(settings.ready_file) if settings.ready_file else default_path(service)
+        return cls(path, settings.ready_interval_s)
 
 
 def default_path(service: str) -> Path:

@@ -49,7 +49,7 @@ def run(
         settings = settings or Settings.from_env()
         log = configure(service, level=settings.log_level, json=True)
         stop = threading.Event()
-        ready_config = ReadyConfig.from_env(service)
+        ready_config = ReadyConfig.for_service(service, settings)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
         running = build(settings, log)

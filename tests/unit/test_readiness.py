@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from fedhive.config import Settings
 from fedhive.errors import ConfigError
 from fedhive.readiness import (
     STALE_AFTER,
@@ -112,16 +113,17 @@ def test_a_file_that_is_not_a_report_is_named(tmp_path: Path) -> None:
         read_report(path)
 
 
-def test_the_path_and_interval_come_from_the_environment() -> None:
-    assert ReadyConfig.from_env("fedhive-job-store", {}) == ReadyConfig(
+def test_the_path_and_interval_come_from_the_settings() -> None:
+    assert ReadyConfig.for_service("fedhive-job-store", Settings.from_env({})) == ReadyConfig(
         default_path("job-store"), 5.0)
     assert default_path("job-store").name == "fedhive-job-store.ready"
-    config = ReadyConfig.from_env("gateway", {"FEDHIVE_READY_FILE": "/run/gw.ready",
-                                              "FEDHIVE_READY_INTERVAL": "0.5"})
+    settings = Settings.from_env({"FEDHIVE_READY_FILE": "/run/gw.ready",
+                                  "FEDHIVE_READY_INTERVAL": "0.5"})
+    config = ReadyConfig.for_service("gateway", settings)
     assert config == ReadyConfig(Path("/run/gw.ready"), 0.5) and config.timeout_s == 0.5
     for bad in ("0", "-1", "soon"):
         with pytest.raises(ConfigError, match=r"^FEDHIVE_READY_INTERVAL=") as caught:
-            ReadyConfig.from_env("gateway", {"FEDHIVE_READY_INTERVAL": bad})
+            Settings.from_env({"FEDHIVE_READY_INTERVAL": bad})
         assert caught.value.field == "FEDHIVE_READY_INTERVAL"
 
 
@@ -252,7 +254,7 @@ def test_the_probe_finds_a_service_file_where_the_service_writes_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "site.ready"
     monkeypatch.setenv("FEDHIVE_READY_FILE", str(path))
-    assert ReadyConfig.from_env("site-agent").path == path
+    assert ReadyConfig.for_service("site-agent", Settings.from_env()).path == path
     write_report(path, Report("site-agent", {"heartbeats": Outcome(False, "no heartbeat "
                                                                    "published for 40s")},
                               time.time(), 5.0))

@@ -14,7 +14,11 @@ while it starts; the operator chose cluster mode when creating the cache, so it 
 choice is named in one line, never retried: a cluster node spoken to as a single Redis answers
 MOVED, a single Redis refuses CLUSTER SLOTS (`config_problem`).
 
-redis-py's own retries are off: callers retry with `fedhive.retry.Backoff`.
+redis-py's own retries are off: callers retry with `fedhive.retry.Backoff`. Except once in a
+cluster client, after it updated its slot map: a MULTI/EXEC answered MOVED (its slot moved:
+resharding, failover) needs that retry to reach the slot's new node (redis-py follows MOVED
+without one only for single commands and plain pipelines); a connection error is likewise
+tried once more on the refreshed map.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ def redis_client(settings: Settings, *, socket_timeout: float = 10.0,
 
     def connect() -> RedisCluster:
         try:
-            return RedisCluster.from_url(settings.redis_url, retry=Retry(NoBackoff(), 0),
+            return RedisCluster.from_url(settings.redis_url, retry=Retry(NoBackoff(), 1),
                                          **options)
         except (RedisClusterException, redis.RedisError) as err:
             problem = config_problem(err, where(settings))
@@ -78,15 +82,16 @@ def redis_client(settings: Settings, *, socket_timeout: float = 10.0,
                           f"{_first_line(err)}") from None
 
 
-def config_problem(err: BaseException, at: str) -> ConfigError | None:
+def config_problem(err: BaseException, at: str, *, cluster: bool = False) -> ConfigError | None:
     """The ConfigError behind a redis-py error that no retry can help (a certificate not
-    accepted, cluster mode set wrong); None for any other error."""
+    accepted, cluster mode set wrong); None for any other error. `cluster`: the client is a
+    cluster client, for which MOVED means a slot moved again (a reshard): a retry helps."""
     problem = _certificate_problem(err)
     if problem is not None:
         return ConfigError(f"redis at {at} refused over TLS: {problem} (FEDHIVE_REDIS_CA_FILE "
                            "names the CA to trust; default: the system trust store)",
                            field="FEDHIVE_REDIS_CA_FILE")
-    if isinstance(err, MovedError):
+    if isinstance(err, MovedError) and not cluster:
         return ConfigError(f"redis at {at} is a Redis Cluster node (it answered MOVED): set "
                            "FEDHIVE_REDIS_CLUSTER=1", field="FEDHIVE_REDIS_CLUSTER")
     if "cluster support disabled" in str(err) or "Cluster mode is not enabled" in str(err):

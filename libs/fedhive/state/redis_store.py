@@ -23,6 +23,8 @@ from typing import Any, TypeVar, cast
 
 import redis
 import structlog
+from redis.cluster import RedisCluster
+from redis.exceptions import MovedError
 
 from fedhive.config import Settings
 from fedhive.errors import (
@@ -46,7 +48,8 @@ T = TypeVar("T")
 log = structlog.get_logger()
 
 DEFAULT_BACKOFF = Backoff(base=0.05, cap=1.0, max_attempts=6)
-_TRANSIENT = (redis.ConnectionError, redis.TimeoutError)
+# MovedError: on a cluster client, a slot that moved again while redis-py followed it.
+_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, MovedError)
 SCAN_COUNT = 1000  # index entries Redis examines per ZSCAN call of `find_job_ids`
 
 
@@ -79,6 +82,7 @@ class RedisStateStore:
         backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         self._client = client
+        self._cluster = isinstance(client, RedisCluster)
         self._names = names
         self._where = where  # host:port, for error messages (never the password)
         self._backoff = backoff
@@ -102,7 +106,7 @@ class RedisStateStore:
             try:
                 return fn()
             except redis.RedisError as err:
-                problem = connect.config_problem(err, self._where)
+                problem = connect.config_problem(err, self._where, cluster=self._cluster)
                 if problem is not None:
                     raise problem from None  # no retry helps
                 raise

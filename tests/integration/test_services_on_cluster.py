@@ -25,7 +25,13 @@ from fedhive.proto.v1 import admin_pb2, job_pb2, jobstore_pb2, runner_pb2
 from fedhive.sites.heartbeat import SiteHeartbeat
 from fedhive.state import RedisStateStore
 from tests.fixtures.infra import stop_process, wait_for
-from tests.fixtures.job_store import JobStoreProcess, job_zip, service_env, stage
+from tests.fixtures.job_store import (
+    JobStoreProcess,
+    job_zip,
+    running_job_store,
+    service_env,
+    stage,
+)
 from tests.fixtures.redis_servers import RedisClusterNodes
 
 S = JobStatus
@@ -35,13 +41,9 @@ TIMEOUT = 30.0
 @pytest.fixture
 def cluster_job_store(cluster_settings: Settings, job_store_client: RabbitBus, tmp_path: Path,
                       broker: Any) -> Iterator[JobStoreProcess]:
-    service = JobStoreProcess(cluster_settings, tmp_path / "job-store.log")
-    service.start()
-    try:
-        service.wait_ready(job_store_client)
+    with running_job_store(cluster_settings, job_store_client,
+                           tmp_path / "job-store.log") as service:
         yield service
-    finally:
-        service.stop()
 
 
 @pytest.fixture

@@ -83,6 +83,7 @@ class Heartbeats:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="site-heartbeat", daemon=True)
         self._log = log.bind(site=self._site)
+        self.last_confirmed: float | None = None  # time.monotonic() of the last one confirmed
 
     def start(self) -> None:
         """Announce the site (`online`, published before returning) and start beating."""
@@ -103,6 +104,7 @@ class Heartbeats:
         except FedhiveError as err:
             self._log.warning("site_agent.heartbeat_failed", kind=kind, error=str(err))
             return False
+        self.last_confirmed = time.monotonic()
         return True
 
     def _run(self) -> None:

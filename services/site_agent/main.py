@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -48,18 +47,6 @@ SERVICE = "site-agent"
 CONCURRENCY = 4
 
 
-class ConfirmedHeartbeats(Heartbeats):
-    """Heartbeats that remember when the broker last confirmed one (the readiness check's)."""
-
-    last_confirmed: float | None = None  # time.monotonic()
-
-    def publish(self, kind: str) -> bool:
-        confirmed = super().publish(kind)
-        if confirmed:
-            self.last_confirmed = time.monotonic()
-        return confirmed
-
-
 class RunningAgent:
     def __init__(self, agent: SiteAgent, bus: RabbitBus, workspace: Workspace) -> None:
         self.agent = agent
@@ -74,7 +61,7 @@ class RunningAgent:
             last_server_contact_ms=previous.last_server_contact_ms if previous else 0,
         )
         workspace.save_agent(self._info)
-        self._heartbeats = ConfirmedHeartbeats(agent, bus)
+        self._heartbeats = Heartbeats(agent, bus)
         self._notices = EndedNotices(agent, bus)
         self._logs = LogShipper(agent, workspace, bus)
         self._control: Consumer | None = None

@@ -1,7 +1,9 @@
 """fedhive.bus: RabbitMQ messaging: confirmed publishing, consumers, RPC and events.
 
 Domain code and handlers see the `Bus` port (`fedhive.bus.port`); a composition root builds
-the adapter, `RabbitBus(settings, name=...)`, and closes it on shutdown.
+the adapter, `RabbitBus(settings, name=...)`, and closes it on shutdown. `MemoryBus` on a
+`MemoryBroker` (`fedhive.bus.memory`) is the same port inside one process (`fedhive simulate`,
+fast tests).
 
 Threading model (pika is not thread-safe; every connection is used by one thread at a time):
 
@@ -28,6 +30,8 @@ returned; failures are dead-lettered, never looped (see `fedhive.bus.consumer`).
 from fedhive.bus.batch import Batch, BatchConsumer, BatchHandler
 from fedhive.bus.codec import Encoded, TypeRegistry
 from fedhive.bus.consumer import Consumer, Delivery, Handler
+from fedhive.bus.memory import MemoryBus
+from fedhive.bus.memory_broker import MemoryBroker
 from fedhive.bus.port import Bus, Subscription
 from fedhive.bus.rabbitmq import RabbitBus
 from fedhive.bus.senders import Senders
@@ -42,6 +46,8 @@ __all__ = [
     "Delivery",
     "Encoded",
     "Handler",
+    "MemoryBroker",
+    "MemoryBus",
     "QueueSpec",
     "RabbitBus",
     "Senders",

@@ -36,6 +36,13 @@ class Encoded:
     body: bytes
 
 
+def encode(message: Message | Encoded) -> tuple[bytes, Message | type[Message]]:
+    """The body of `message` and what names its type (the AMQP `type` property)."""
+    if isinstance(message, Encoded):
+        return message.body, message.message_type
+    return message.SerializeToString(), message
+
+
 class TypeRegistry:
     """The protobuf classes one consumer accepts, keyed by full name."""
 

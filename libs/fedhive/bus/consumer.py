@@ -21,6 +21,9 @@ connection thread replies/acks. So a message is acked only after its handler ret
   (`bus.sender_refused`), answered with PERMISSION_DENIED when it is an RPC request, and
   dropped (a dead-letter queue would only let the sender fill it).
 
+The decisions (`admit` before the handler, `handle` around it) do not depend on the transport;
+the in-memory bus (`fedhive.bus.memory`) makes them with the same functions.
+
 Replies go back where `reply_to` says: a direct reply-to name through the default exchange (a
 caller on a site's connection), a services reply queue (`Names.reply_queue`) through the
 replies exchange (a site may not publish to the default exchange).
@@ -50,7 +53,7 @@ import pika.exceptions
 import structlog
 from google.protobuf.message import Message
 
-from fedhive.bus.codec import Encoded, TypeRegistry, error_message
+from fedhive.bus.codec import Encoded, TypeRegistry, encode, error_message
 from fedhive.bus.connection import RECONNECT, connect, user_name
 from fedhive.bus.publisher import DEADLINE_HEADER, properties
 from fedhive.bus.senders import Senders
@@ -112,10 +115,91 @@ Handler = Callable[[Message, Delivery], Message | Encoded | None]
 
 
 @dataclass(frozen=True)
-class _Outcome:
+class Outcome:
+    """What the handler's result means for its message (settled by the transport)."""
+
     reply: Message | Encoded | None = None
     dead_letter: bool = False
     retry: bool = False
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A delivery checked before its handler: `message` to hand to it, or else settled at
+    once: `reply` sent if there is one, then dead-lettered or dropped (acked)."""
+
+    message: Message | None = None
+    reply: common_pb2.Error | None = None
+    dead_letter: bool = False
+
+
+def admit(
+    delivery: Delivery, body: bytes, *, topology: Topology, senders: Senders,
+    accepts: TypeRegistry, log: Any,
+) -> Admission:
+    """The checks of the module docstring, transport aside: sender, reply address, deadline,
+    then type and body."""
+    if not senders.accepts(delivery.user_id):
+        log.warning("bus.sender_refused", security=True, sender=delivery.user_id,
+                    accepted=senders.describe(), type=delivery.type_name,
+                    message_id=delivery.message_id, routing_key=delivery.routing_key)
+        if not (delivery.reply_to and routable(delivery, topology)):
+            return Admission()
+        return Admission(reply=error_message(PermissionDenied(
+            f"{delivery.queue} does not accept messages from broker user "
+            f"{delivery.user_id or '(none: unsigned)'!r}", field="user_id")))
+    if delivery.reply_to and not routable(delivery, topology):
+        log.warning("bus.dead_letter_malformed", message_id=delivery.message_id,
+                    reason=f"reply_to {delivery.reply_to[:100]!r} is not a reply "
+                           "address of the sender", sender=delivery.user_id)
+        return Admission(dead_letter=True)
+    deadline = delivery.headers.get(DEADLINE_HEADER)
+    if deadline is not None and time.time() * 1000 > deadline:
+        log.info("bus.expired_request_dropped", message_id=delivery.message_id,
+                 late_ms=int(time.time() * 1000 - deadline))
+        return Admission()  # its caller has given up: serving it would act too late
+    try:
+        message = accepts.decode(delivery.type_name, body, queue=delivery.queue)
+    except MalformedMessage as err:
+        log.warning("bus.dead_letter_malformed", message_id=delivery.message_id,
+                    reason=str(err))
+        return Admission(dead_letter=True)
+    return Admission(message=message)
+
+
+def routable(delivery: Delivery, topology: Topology) -> bool:
+    """A direct reply-to (unless this is a site's consumer: a site may not publish to the
+    default exchange), or a services reply queue when a non-site user asks: a site cannot
+    have an answer published into the services' reply queues."""
+    reply_to = delivery.reply_to or ""
+    if reply_to.startswith(DIRECT_REPLY_TO):
+        return not topology.site
+    return (reply_to.startswith(topology.names.reply_queue(""))
+            and topology.names.site_of_user(delivery.user_id) is None)
+
+
+def handle(handler: Handler, message: Message, delivery: Delivery, log: Any) -> Outcome:
+    """Run `handler` on one message (on a handler thread) and say what becomes of it."""
+    bound = log.bind(message_id=delivery.message_id, type=delivery.type_name)
+    try:
+        reply = handler(message, delivery)
+    except FedhiveError as err:
+        if delivery.reply_to:
+            bound.info("bus.rpc_error_reply", code=err.code, error=str(err))
+            return Outcome(reply=error_message(err))
+        if isinstance(err, Unavailable):  # Redis, S3 or the broker away: try again later
+            bound.warning("bus.handler_failed", code=err.code, error=str(err),
+                          delivery_count=delivery.delivery_count)
+            return Outcome(retry=True)
+        bound.warning("bus.dead_letter_failed_command", code=err.code, error=str(err))
+        return Outcome(dead_letter=True)
+    except Exception as err:  # transient by definition; the broker limits retries
+        bound.warning("bus.handler_failed", error=repr(err),
+                      delivery_count=delivery.delivery_count, exc_info=True)
+        return Outcome(retry=True)
+    if delivery.reply_to:
+        return Outcome(reply=reply if reply is not None else common_pb2.Ack())
+    return Outcome()
 
 
 @dataclass
@@ -151,7 +235,6 @@ class Consumer:
         self._senders = senders
         self._prefetch = max(prefetch, concurrency)
         self._user_id = user_name(params)
-        self._reply_prefix = topology.names.reply_queue("")
         self._redelivery = redelivery
         # failed deliveries by message id, counted here when the broker does not (classic)
         self._failed: OrderedDict[str, int] | None = (
@@ -254,57 +337,22 @@ class Consumer:
             delivery = replace(delivery,
                                delivery_count=self._failed.get(delivery.message_id or "", 0))
         tag = method.delivery_tag
-        if not self._senders.accepts(delivery.user_id):
-            self._refuse(channel, delivery, tag)
-            return
-        if delivery.reply_to and not self._routable(delivery):
-            self._log.warning("bus.dead_letter_malformed", message_id=props.message_id,
-                              reason=f"reply_to {delivery.reply_to[:100]!r} is not a reply "
-                                     "address of the sender", sender=delivery.user_id)
-            channel.basic_reject(tag, requeue=False)
-            return
-        deadline = delivery.headers.get(DEADLINE_HEADER)
-        if deadline is not None and time.time() * 1000 > deadline:
-            self._log.info("bus.expired_request_dropped", message_id=props.message_id,
-                           late_ms=int(time.time() * 1000 - deadline))
-            channel.basic_ack(tag)  # its caller has given up: serving it would act too late
-            return
-        try:
-            message = self._accepts.decode(props.type, body, queue=self.spec.name)
-        except MalformedMessage as err:
-            self._log.warning("bus.dead_letter_malformed", message_id=props.message_id,
-                              reason=str(err))
-            channel.basic_reject(tag, requeue=False)
+        admission = admit(delivery, body, topology=self._topology, senders=self._senders,
+                          accepts=self._accepts, log=self._log)
+        if admission.message is None:
+            if admission.reply is not None:
+                self._reply(channel, delivery, admission.reply)
+            if admission.dead_letter:
+                channel.basic_reject(tag, requeue=False)
+            else:
+                channel.basic_ack(tag)
             return
         session.unsettled.add(tag)
-        future = self._pool.submit(self._handle, message, delivery)
+        future = self._pool.submit(handle, self._handler, admission.message, delivery, self._log)
         future.add_done_callback(partial(self._hand_back, session, tag, delivery))
 
-    def _refuse(self, channel: Any, delivery: Delivery, tag: int) -> None:
-        """A message from a sender this queue does not accept: logged, answered, dropped."""
-        self._log.warning("bus.sender_refused", security=True, sender=delivery.user_id,
-                          accepted=self._senders.describe(), type=delivery.type_name,
-                          message_id=delivery.message_id, routing_key=delivery.routing_key)
-        if delivery.reply_to and self._routable(delivery):
-            refusal = PermissionDenied(
-                f"{self.spec.name} does not accept messages from broker user "
-                f"{delivery.user_id or '(none: unsigned)'!r}", field="user_id")
-            self._reply(channel, delivery, error_message(refusal))
-        channel.basic_ack(tag)
-
-    def _routable(self, delivery: Delivery) -> bool:
-        """A direct reply-to (unless this is a site's consumer: a site may not publish to the
-        default exchange), or a services reply queue when a non-site user asks: a site cannot
-        have an answer published into the services' reply queues."""
-        reply_to = delivery.reply_to or ""
-        if reply_to.startswith(DIRECT_REPLY_TO):
-            return not self._topology.site
-        return (reply_to.startswith(self._reply_prefix)
-                and self._topology.names.site_of_user(delivery.user_id) is None)
-
     def _reply(self, channel: Any, delivery: Delivery, reply: Message | Encoded) -> None:
-        body, kind = ((reply.body, reply.message_type) if isinstance(reply, Encoded)
-                      else (reply.SerializeToString(), reply))
+        body, kind = encode(reply)
         reply_to = delivery.reply_to or ""
         exchange = "" if reply_to.startswith(DIRECT_REPLY_TO) else \
             self._topology.names.replies_exchange
@@ -312,7 +360,7 @@ class Consumer:
             kind, user_id=self._user_id, correlation_id=delivery.correlation_id))
 
     def _hand_back(
-        self, session: _Session, tag: int, delivery: Delivery, future: Future[_Outcome]
+        self, session: _Session, tag: int, delivery: Delivery, future: Future[Outcome]
     ) -> None:
         """Runs in the handler thread: pass the outcome to the connection thread."""
         # If the connection is gone, the broker redelivers the unacked message.
@@ -322,14 +370,14 @@ class Consumer:
             )
 
     def _settle(
-        self, session: _Session, tag: int, delivery: Delivery, future: Future[_Outcome]
+        self, session: _Session, tag: int, delivery: Delivery, future: Future[Outcome]
     ) -> None:
         channel = session.channel
         if not channel.is_open:
             session.unsettled.discard(tag)
             return
         failed = future.cancelled() or future.exception() is not None
-        outcome = _Outcome(retry=True) if failed else future.result()
+        outcome = Outcome(retry=True) if failed else future.result()
         if outcome.reply is not None and delivery.reply_to:
             self._reply(channel, delivery, outcome.reply)
         if outcome.retry and not self._gives_up(delivery):
@@ -365,26 +413,3 @@ class Consumer:
         session.unsettled.discard(tag)
         if session.channel.is_open:
             session.channel.basic_nack(tag, requeue=True)
-
-    # handler thread ----------------------------------------------------------------------
-    def _handle(self, message: Message, delivery: Delivery) -> _Outcome:
-        bound = self._log.bind(message_id=delivery.message_id, type=delivery.type_name)
-        try:
-            reply = self._handler(message, delivery)
-        except FedhiveError as err:
-            if delivery.reply_to:
-                bound.info("bus.rpc_error_reply", code=err.code, error=str(err))
-                return _Outcome(reply=error_message(err))
-            if isinstance(err, Unavailable):  # Redis, S3 or the broker away: try again later
-                bound.warning("bus.handler_failed", code=err.code, error=str(err),
-                              delivery_count=delivery.delivery_count)
-                return _Outcome(retry=True)
-            bound.warning("bus.dead_letter_failed_command", code=err.code, error=str(err))
-            return _Outcome(dead_letter=True)
-        except Exception as err:  # transient by definition; the broker limits retries
-            bound.warning("bus.handler_failed", error=repr(err),
-                          delivery_count=delivery.delivery_count, exc_info=True)
-            return _Outcome(retry=True)
-        if delivery.reply_to:
-            return _Outcome(reply=reply if reply is not None else common_pb2.Ack())
-        return _Outcome()

@@ -106,7 +106,7 @@ class RpcClient:
                     message, user_id=self._user_id, correlation_id=correlation_id,
                     expiration_ms=max(1, math.ceil(timeout * 1000)), persistent=False)
                 request = _Request(target, message.SerializeToString(), props,
-                                   self._answerers(target))
+                                   answerers(self._topology, self._user_id, target))
                 try:
                     self._send(correlation_id, request)
                 except FedhiveError as err:
@@ -121,7 +121,7 @@ class RpcClient:
                     arrived = [c for c in pending if c in self._replies]
                     for correlation_id in arrived:
                         target = pending.pop(correlation_id)
-                        results[target] = self._decode(
+                        results[target] = decode_reply(
                             target, self._replies.pop(correlation_id), reply_type
                         )
         finally:
@@ -132,10 +132,7 @@ class RpcClient:
                 for correlation_id in pending:
                     self._replies.pop(correlation_id, None)
         for target in pending.values():
-            results[target] = (
-                Unavailable(f"the bus closed while waiting for {target}", field=target)
-                if self._conn.closed
-                else RpcTimeout(f"no reply from {target} within {timeout}s", field=target))
+            results[target] = unanswered(target, timeout, closed=self._conn.closed)
         return results
 
     def close(self) -> None:
@@ -215,13 +212,6 @@ class RpcClient:
         finally:
             self._conn.lock.release()
 
-    def _answerers(self, target: str) -> frozenset[str]:
-        if self._topology.site:
-            return frozenset()  # direct reply-to: only the services can publish there
-        names = self._topology.names
-        site = names.site_of_queue(target)
-        return frozenset({self._user_id, *([names.site_user(site)] if site else [])})
-
     def _on_reply(self, channel: Any, method: Any, props: Any, body: bytes) -> None:
         request = self._outstanding.get(props.correlation_id)
         if request is None:
@@ -238,22 +228,40 @@ class RpcClient:
             self._replies[correlation_id] = reply
             self._arrived.notify_all()
 
-    @staticmethod
-    def _decode(
-        target: str, reply: tuple[str, bytes] | FedhiveError, reply_type: type[M]
-    ) -> M | FedhiveError:
-        if isinstance(reply, FedhiveError):
-            return reply
-        name, body = reply
-        try:
-            if name == ERROR_TYPE:
-                return error_from_message(parse(common_pb2.Error, body, queue=target))
-            if name != reply_type.DESCRIPTOR.full_name:
-                raise MalformedMessage(
-                    f"reply from {target} is a {name or 'message without type'}, "
-                    f"expected {reply_type.DESCRIPTOR.full_name}",
-                    field="type",
-                )
-            return parse(reply_type, body, queue=target)
-        except MalformedMessage as err:
-            return err
+
+# transport-independent: shared with the in-memory bus (`fedhive.bus.memory`) ----------------
+def answerers(topology: Topology, user_id: str, target: str) -> frozenset[str]:
+    """The broker users whose reply to a request to `target` is taken; empty: anyone's."""
+    if topology.site:
+        return frozenset()  # direct reply-to: only the services can publish there
+    names = topology.names
+    site = names.site_of_queue(target)
+    return frozenset({user_id, *([names.site_user(site)] if site else [])})
+
+
+def unanswered(target: str, timeout: float, *, closed: bool) -> FedhiveError:
+    """What a call to `target` ends with when no reply came."""
+    if closed:  # the process is shutting down: no reply would have come
+        return Unavailable(f"the bus closed while waiting for {target}", field=target)
+    return RpcTimeout(f"no reply from {target} within {timeout}s", field=target)
+
+
+def decode_reply(
+    target: str, reply: tuple[str, bytes] | FedhiveError, reply_type: type[M]
+) -> M | FedhiveError:
+    """A reply (type name, body) as `reply_type`, or the typed error it carries."""
+    if isinstance(reply, FedhiveError):
+        return reply
+    name, body = reply
+    try:
+        if name == ERROR_TYPE:
+            return error_from_message(parse(common_pb2.Error, body, queue=target))
+        if name != reply_type.DESCRIPTOR.full_name:
+            raise MalformedMessage(
+                f"reply from {target} is a {name or 'message without type'}, "
+                f"expected {reply_type.DESCRIPTOR.full_name}",
+                field="type",
+            )
+        return parse(reply_type, body, queue=target)
+    except MalformedMessage as err:
+        return err

@@ -1,10 +1,12 @@
-"""S3 blobs: the store port and adapter, presigned-URL access and the tensor codec (DESIGN §5)."""
+"""Blobs: the store port and its adapters (S3; local disk for runs without S3), presigned-URL
+access and the tensor codec (DESIGN §5)."""
 
 from fedhive.blobs.cache import TensorCache
 from fedhive.blobs.codec import PackStats, TensorCodec, inline_budget_for, inline_refs
 from fedhive.blobs.dtypes import DTYPES, bfloat16_bits_to_float32
 from fedhive.blobs.http import HttpPool, PresignedFetcher, Resign
 from fedhive.blobs.keys import content_key
+from fedhive.blobs.local import LocalBlobStore
 from fedhive.blobs.port import (
     WRITE_ONCE_HEADERS,
     BlobLocation,
@@ -32,6 +34,7 @@ __all__ = [
     "BlobLocation",
     "BlobStore",
     "HttpPool",
+    "LocalBlobStore",
     "MultipartGrant",
     "PackStats",
     "PresignedFetcher",

@@ -279,8 +279,9 @@ def test_health_checks_read_each_services_own_readiness_file(
         assert args.probe == "ready" and args.file is None, name
         writer = written.get(name, site_agent_main.SERVICE)
         env = environment(services[name], example)
-        assert (ReadyConfig.from_env(args.service, env).path
-                == ReadyConfig.from_env(writer, env).path == default_path(writer)), name
+        settings = Settings.from_env(env)
+        assert (ReadyConfig.for_service(args.service, settings).path
+                == ReadyConfig.for_service(writer, settings).path == default_path(writer)), name
 
 
 # --- environment: names fedhive.config reads, least privilege, no secrets -----------------------

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import pika
 import pika.exceptions
 
 from fedhive.bus.connection import connection_parameters
-from fedhive.bus.topology import QueueSpec
+from fedhive.bus.port import Subscription
 from fedhive.config import Settings
 from fedhive.readiness import DEFAULT_TIMEOUT_S, Check
 
@@ -33,21 +33,13 @@ class NotReady(Exception):
     """A check's answer: its message says what is not usable."""
 
 
-class Consuming(Protocol):
-    @property
-    def spec(self) -> QueueSpec: ...
-
-    @property
-    def consuming(self) -> bool: ...
-
-
-def consuming(*consumers: Consuming) -> Check:
+def consuming(*consumers: Subscription) -> Check:
     def probe() -> str:
-        stalled = [consumer.spec.name for consumer in consumers if not consumer.consuming]
+        stalled = [consumer.queue for consumer in consumers if not consumer.consuming]
         if stalled:
             raise NotReady(f"not consuming from {', '.join(stalled)} (reconnecting, or the "
                            "broker closed its channel or cancelled its consumer)")
-        return "consuming from " + ", ".join(consumer.spec.name for consumer in consumers)
+        return "consuming from " + ", ".join(consumer.queue for consumer in consumers)
 
     return Check("broker", probe)
 

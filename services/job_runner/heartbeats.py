@@ -72,6 +72,11 @@ class HeartbeatIntake:
         self._log.info("heartbeat_intake.started", site_ttl_s=self.config.site_ttl_s,
                        sweep_interval_s=self.config.sweep_interval_s)
 
+    @property
+    def subscription(self) -> Subscription | None:
+        """Its consumer, once started (the runner's readiness check)."""
+        return self._consumer
+
     def close(self) -> None:
         self._stop.set()
         if self._consumer is not None:

@@ -65,6 +65,11 @@ class LogIntake:
             senders=Senders.any_site(self._names), prefetch=PREFETCH)
         self._log.info("log_intake.started")
 
+    @property
+    def subscription(self) -> Subscription | None:
+        """Its consumer, once started (the runner's readiness check)."""
+        return self._consumer
+
     def close(self) -> None:
         if self._consumer is not None:
             self._consumer.stop()

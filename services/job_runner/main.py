@@ -72,8 +72,9 @@ class JobRunner:
         self.consumer: Consumer | None = None  # of {ns}.job-runner, set once it serves
 
     def ready_checks(self) -> list[Check]:
-        assert self.consumer is not None  # asked only of a runner `build` returned
-        return [consuming(self.consumer), redis_answers(self.settings),
+        consumers = [self.consumer, self.heartbeats.subscription, self.log_intake.subscription]
+        assert None not in consumers  # asked only of a runner `build` returned, all started
+        return [consuming(*(c for c in consumers if c is not None)), redis_answers(self.settings),
                 bucket_answers(self.settings)]
 
     def close(self) -> None:

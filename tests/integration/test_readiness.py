@@ -32,9 +32,12 @@ from fedhive.readiness import Readiness, ReadyConfig, read_report
 from fedhive.readiness_checks import NotReady, broker_link, consuming, redis_answers
 from fedhive.service import FollowsReadiness
 from fedhive_services.gateway.server import GatewayOptions, build
+from fedhive_services.job_runner import heartbeats
+from fedhive_services.job_runner import logs as runner_logs
 from tests.fixtures.bus import Broker
 from tests.fixtures.gateway import write_admins
 from tests.fixtures.infra import stop_process, wait_for
+from tests.fixtures.job_runner import RunnerProcess
 from tests.fixtures.job_store import service_env
 from tests.fixtures.private_infra import PrivateRedis
 from tests.fixtures.site_agent import SiteAgents
@@ -116,6 +119,24 @@ def refuse_heartbeats(agents: SiteAgents, settings: Settings, site: str, refused
                     brokerusers.vhost_of(settings.amqp_url),
                     Names(settings.namespace).site_user(site), exchange, write, read],
                    check=True, capture_output=True, timeout=60)
+
+
+def test_a_job_runner_is_ready_once_all_three_of_its_consumers_consume(
+        settings: Settings, bucket: str, broker: Broker, tmp_path: Path) -> None:
+    """Its service queue, the heartbeat intake's and the log intake's queues: each is a
+    consumer it needs, so each is part of its readiness."""
+    ready_file = tmp_path / "job-runner.ready"
+    runner = RunnerProcess(replace(settings, ready_file=str(ready_file),
+                                   ready_interval_s=float(INTERVAL)), tmp_path).start()
+    try:
+        wait_for(says(ready_file, True), timeout=60, interval=0.2, what="the job-runner ready")
+        names = Names(settings.namespace)
+        queues = [names.service_queue("job-runner"), names.events_queue(heartbeats.CONSUMER),
+                  names.events_queue(runner_logs.CONSUMER)]
+        assert read_report(ready_file).checks["broker"].detail == (
+            "consuming from " + ", ".join(queues))
+    finally:
+        runner.stop()
 
 
 def test_a_site_agent_is_ready_while_its_heartbeats_reach_the_broker(

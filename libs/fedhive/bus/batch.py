@@ -85,6 +85,15 @@ class BatchConsumer:
         self._log = log.bind(queue=spec.name)
 
     @property
+    def queue(self) -> str:
+        return self.spec.name
+
+    @property
+    def consuming(self) -> bool:
+        """Connected and consuming (a consumer the broker cancels reconnects: `_consume`)."""
+        return self._consuming_since is not None
+
+    @property
     def consuming_since(self) -> float | None:
         """`time.monotonic()` when the current connection began consuming; None while
         (re)connecting: what it missed meanwhile is not known."""

@@ -261,6 +261,10 @@ class Consumer:
             raise self._start_error
 
     @property
+    def queue(self) -> str:
+        return self.spec.name
+
+    @property
     def consuming(self) -> bool:
         """Whether new deliveries can arrive right now: connected, the channel open and the
         consumer still registered (false while reconnecting, and once the broker closed the

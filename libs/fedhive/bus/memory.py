@@ -244,6 +244,14 @@ class _Consumer:
                          for i in range(max(concurrency, 1))]
 
     @property
+    def queue(self) -> str:
+        return self.name
+
+    @property
+    def consuming(self) -> bool:
+        return self._consuming_since is not None
+
+    @property
     def consuming_since(self) -> float | None:
         return self._consuming_since
 
@@ -305,6 +313,14 @@ class _BatchConsumer:
         self._consuming_since: float | None = None
         self._log = log.bind(queue=spec.name)
         self._thread = threading.Thread(target=self._run, name=f"bus-memory-batch-{spec.name}")
+
+    @property
+    def queue(self) -> str:
+        return self.name
+
+    @property
+    def consuming(self) -> bool:
+        return self._consuming_since is not None
 
     @property
     def consuming_since(self) -> float | None:

@@ -18,6 +18,14 @@ M = TypeVar("M", bound=Message)
 
 class Subscription(Protocol):
     @property
+    def queue(self) -> str:
+        """The queue it consumes."""
+
+    @property
+    def consuming(self) -> bool:
+        """Whether deliveries can arrive right now (what a readiness check asks)."""
+
+    @property
     def consuming_since(self) -> float | None:
         """`time.monotonic()` when the current connection began consuming; None while
         (re)connecting: what it missed meanwhile is not known."""

@@ -3,9 +3,9 @@ server job's log (`server_logs`), free every site, keep the server job's workspa
 result, write the final status, forget the job.
 
 The result (the workspace zipped, a final model of any size included) is built and uploaded
-streaming: files are copied into a temporary zip in 1 MiB chunks (members from `STORE_FROM`
-bytes stored, not deflated) and the zip is uploaded part by part (`BlobStore.put_file`), so
-the runner's memory does not grow with the model.
+streaming: files are copied into a temporary zip in chunks (`write_folder_zip`) and the zip is
+uploaded part by part (`BlobStore.put_file`), so the runner's memory does not grow with the
+model.
 
 Every step is idempotent, so the monitor, an abort and a restarted runner may all run it for
 the same job; the final status is a compare-and-set, so exactly one of them writes it.
@@ -13,22 +13,18 @@ the same job; the final status is a compare-and-set, so exactly one of them writ
 
 from __future__ import annotations
 
-import os
 import shutil
-import stat
 import tempfile
-import zipfile
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from fedhive.errors import (
     FedhiveError,
     IllegalTransition,
-    InvalidArgument,
     NotFound,
     StaleFencingToken,
 )
-from fedhive.jobs.archive import incompressible, member_name_problem
+from fedhive.jobs.archive import write_folder_zip
 from fedhive.jobs.events import publish_status
 from fedhive.jobs.record import JobRecord
 from fedhive.jobs.status import JobStatus
@@ -38,14 +34,6 @@ from fedhive.state.runs import RunEntry
 from . import server_job
 from .context import RunnerContext, fence, lease_name
 from .sites import release
-
-MiB = 1024 * 1024
-STORE_FROM = 16 * MiB  # result members at least this big are stored uncompressed
-# write_zip's normal form (fedhive.jobs.archive)
-_FIXED_TIME = (1980, 1, 1, 0, 0, 0)
-_ZIP_UNIX = 3
-_SAMPLE = 64 * 1024
-_CHUNK = 1 * MiB
 
 
 def conclude(ctx: RunnerContext, entry: RunEntry, expected: JobStatus, new: JobStatus,
@@ -103,35 +91,9 @@ def store_result(ctx: RunnerContext, entry: RunEntry) -> str:
         return ""
     key = ctx.names.job_result_key(entry.job_id)
     with tempfile.TemporaryFile(dir=entry.workspace, prefix=".result-") as archive:
-        write_result_zip(folder, archive)
+        write_folder_zip(folder, archive)
         ctx.blobs.put_file(key, archive)
     return key
-
-
-def write_result_zip(folder: Path, out: BinaryIO) -> None:
-    """The files under `folder` as a zip in `out`, in write_zip's normalised form (sorted
-    names, fixed times and modes, incompressible members stored), each copied in chunks:
-    a file is never read whole."""
-    files = sorted((p.relative_to(folder).as_posix(), p) for p in folder.rglob("*")
-                   if p.is_file())
-    with zipfile.ZipFile(out, "w", allowZip64=True) as archive:
-        for name, path in files:
-            problem = member_name_problem(name)
-            if problem is not None:
-                raise InvalidArgument(f"cannot archive {name!r}: {problem}", field="archive")
-            with path.open("rb") as source:
-                sample = source.read(_SAMPLE)
-                source.seek(0)
-                info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
-                info.create_system = _ZIP_UNIX
-                info.external_attr = (stat.S_IFREG | 0o644) << 16
-                size = os.fstat(source.fileno()).st_size
-                # Big members are models: weights deflate by ~10% for seconds of CPU per GiB.
-                stored = size >= STORE_FROM or incompressible(sample)
-                info.compress_type = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
-                info.file_size = size  # decides zip64
-                with archive.open(info, "w") as member:
-                    shutil.copyfileobj(source, member, _CHUNK)
 
 
 def site_states(entry: RunEntry) -> dict[str, dict[str, Any]]:

@@ -27,7 +27,9 @@ from tests.fixtures.bus import Broker
 from tests.fixtures.cli import Cli as BaseCli
 from tests.fixtures.cli import cli_for
 from tests.fixtures.e2e import System
+from tests.fixtures.fl_jobs import sag_job
 from tests.fixtures.infra import wait_for
+from tests.fixtures.simulate import simulate
 
 S = JobStatus
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -70,10 +72,33 @@ def completed(cli: Cli, system: System, job_id: str) -> dict[str, Any]:
     return last
 
 
+def assert_simulated_alike(folder: Path, sites: list[str], deployed: dict[str, bytes],
+                           tmp_path: Path) -> dict[str, Any]:
+    """`fedhive simulate` of the job on sites of the same names gives the deployment's result:
+    the same files, the same arrays, the same rounds (but their times); the simulated job."""
+    job, simulated = simulate(folder, tmp_path / "simulated", "--sites", ",".join(sites))
+    assert sorted(simulated) == sorted(deployed)
+    for name, data in simulated.items():
+        if name.endswith(".log"):
+            continue
+        if name.endswith(".npz"):
+            with np.load(io.BytesIO(data)) as ours, np.load(io.BytesIO(deployed[name])) as theirs:
+                assert sorted(ours) == sorted(theirs), name
+                for key in ours:
+                    np.testing.assert_array_equal(ours[key], theirs[key], err_msg=name)
+        elif name == "metrics.json":
+            assert [{**r, "time": 0} for r in rounds(simulated)] == [
+                {**r, "time": 0} for r in rounds(deployed)]
+        else:
+            assert data == deployed[name], name
+    return job
+
+
 def test_hello_numpy(cli: Cli, e2e_system: System, tmp_path: Path) -> None:
     job_id = cli.submit(EXAMPLES / "hello-numpy")
     completed(cli, e2e_system, job_id)
     result = cli.result(job_id, tmp_path)
+    assert_simulated_alike(EXAMPLES / "hello-numpy", e2e_system.sites[:2], result, tmp_path)
     reports = rounds(result)
     assert [r["round"] for r in reports] == list(range(reports[0]["num_rounds"]))
     assert set(reports[-1]["metrics"]["sites"]) == set(e2e_system.sites[:2])
@@ -107,12 +132,22 @@ def test_hello_pt_reaches_the_accuracy_goal(cli: Cli, e2e_system: System,
     result = cli.result(job_id, tmp_path)
     assert rounds(result)[-1]["metrics"]["aggregate"]["accuracy"] >= 0.90
     assert any(name.endswith(".pt") for name in result)
+    # simulated, the same training on the same shards: the same rounds (torch on CPU may
+    # order a float sum differently from run to run: equal to float tolerance)
+    _, simulated = simulate(EXAMPLES / "hello-pt", tmp_path / "simulated", "--sites",
+                            ",".join(e2e_system.sites[:2]))
+    assert sorted(simulated) == sorted(result)
+    for ours, theirs in zip(rounds(simulated), rounds(result), strict=True):
+        for site, metrics in theirs["metrics"]["sites"].items():
+            assert ours["metrics"]["sites"][site] == pytest.approx(metrics, rel=1e-4), site
 
 
 def test_cyclic_numpy(cli: Cli, e2e_system: System, tmp_path: Path) -> None:
     job_id = cli.submit(EXAMPLES / "cyclic-numpy")
     completed(cli, e2e_system, job_id)
-    assert rounds(cli.result(job_id, tmp_path))
+    result = cli.result(job_id, tmp_path)
+    assert rounds(result)
+    assert_simulated_alike(EXAMPLES / "cyclic-numpy", e2e_system.sites[:2], result, tmp_path)
 
 
 def test_cross_site_eval(cli: Cli, e2e_system: System, tmp_path: Path) -> None:
@@ -126,62 +161,7 @@ def test_cross_site_eval(cli: Cli, e2e_system: System, tmp_path: Path) -> None:
     for validators in table.values():
         assert set(validators) == sites
         assert all("accuracy" in metrics for metrics in validators.values())
-
-
-# Jobs written by the tests: ScatterAndGather over a numpy model, with a trainer that can be
-# told to fail at some sites or to take its time.
-TRAINER = '''
-import time
-
-from fedhive.fl.dxo import DataKind, Dxo, MetaKey
-
-
-class Trainer:
-    def __init__(self, fail_sites=(), seconds=0.0):
-        self.fail_sites = list(fail_sites)
-        self.seconds = seconds
-
-    def execute(self, task):
-        if task.site in self.fail_sites:
-            raise RuntimeError(f"no data at {task.site}")
-        model = task.load()
-        deadline = time.monotonic() + self.seconds
-        while time.monotonic() < deadline and not task.abort.is_set():
-            time.sleep(0.05)
-        return Dxo(DataKind.WEIGHTS, {k: v + 1 for k, v in model.data.items()},
-                   {MetaKey.NUM_STEPS_CURRENT_ROUND: 1, MetaKey.METRICS: {"loss": 1.0}})
-'''
-
-
-def sag_job(root: Path, name: str, *, sites: list[str], min_clients: int, num_rounds: int = 2,
-            ignore_result_error: bool | None = None, fail_sites: tuple[str, ...] = (),
-            seconds: float = 0.0) -> Path:
-    folder = root / name
-    config = folder / "app" / "config"
-    config.mkdir(parents=True)
-    (folder / "app" / "custom").mkdir()
-    (folder / "app" / "custom" / "trainer.py").write_text(TRAINER)
-    (folder / "meta.json").write_text(json.dumps({
-        "name": name, "deploy_map": {"app": ["server", *sites]}, "min_clients": min_clients}))
-    (config / "config_fed_server.json").write_text(json.dumps({
-        "components": [
-            {"id": "persistor", "path": "fedhive.fl.persistors.NumpyModelPersistor",
-             "args": {"initial": {"w": [[0.0, 0.0], [0.0, 0.0]]}}},
-            {"id": "aggregator",
-             "path": "fedhive.fl.aggregators.InTimeAccumulateWeightedAggregator"},
-            {"id": "shareable_generator",
-             "path": "fedhive.fl.shareables.FullModelShareableGenerator"},
-        ],
-        "workflows": [{"id": "sag", "path": "fedhive.fl.workflows.ScatterAndGather", "args": {
-            "min_clients": min_clients, "num_rounds": num_rounds,
-            "wait_time_after_min_received": 0, "persistor_id": "persistor",
-            "ignore_result_error": ignore_result_error}}],
-    }))
-    (config / "config_fed_client.json").write_text(json.dumps({
-        "executors": [{"tasks": ["train"], "executor": {
-            "path": "trainer.Trainer",
-            "args": {"fail_sites": list(fail_sites), "seconds": seconds}}}]}))
-    return folder
+    assert_simulated_alike(EXAMPLES / "cross-site-eval", e2e_system.sites[:2], result, tmp_path)
 
 
 def test_an_executor_error_fails_the_job_unless_ignored(cli: Cli, e2e_system: System,
@@ -193,6 +173,10 @@ def test_an_executor_error_fails_the_job_unless_ignored(cli: Cli, e2e_system: Sy
     last = cli.watch(strict)
     assert last["status"] == S.FINISHED_EXECUTION_EXCEPTION.value
     assert sites[1] in last["status_reason"] and "no data at" in last["status_reason"]
+    simulated, _ = simulate(tmp_path / "strict", tmp_path / "simulated", "--sites",
+                            ",".join(sites))
+    assert (simulated["status"], simulated["status_reason"]) == (
+        last["status"], last["status_reason"])
 
     lenient = cli.submit(sag_job(tmp_path, "lenient", sites=sites, min_clients=2,
                                  ignore_result_error=True, fail_sites=(sites[1],)))

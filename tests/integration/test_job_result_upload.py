@@ -14,8 +14,7 @@ import pytest
 
 from fedhive.blobs import BlobStore
 from fedhive.errors import InvalidArgument
-from fedhive.jobs.archive import write_zip
-from fedhive_services.job_runner.finish import write_result_zip
+from fedhive.jobs.archive import write_folder_zip, write_zip
 
 MiB = 1024 * 1024
 
@@ -37,7 +36,7 @@ def test_the_result_zip_is_write_zip_s_normal_form_built_in_chunks(tmp_path: Pat
     with (tmp_path / "result.zip").open("w+b") as out:
         tracemalloc.start()
         try:
-            write_result_zip(tmp_path / "ws", out)
+            write_folder_zip(tmp_path / "ws", out)
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
@@ -54,7 +53,7 @@ def test_the_result_zip_is_write_zip_s_normal_form_built_in_chunks(tmp_path: Pat
             assert ours.read(name) == files[name]
     assert ours.getinfo("model.npz").compress_type == zipfile.ZIP_STORED
     again = io.BytesIO()
-    write_result_zip(tmp_path / "ws", again)
+    write_folder_zip(tmp_path / "ws", again)
     assert again.getvalue() == streamed.getvalue()  # same content, same bytes
 
 
@@ -62,7 +61,7 @@ def test_a_workspace_file_with_a_name_no_archive_may_hold_is_refused(tmp_path: P
     (tmp_path / "ws").mkdir()
     (tmp_path / "ws" / "a\\b").write_bytes(b"x")
     with pytest.raises(InvalidArgument, match="cannot archive"):
-        write_result_zip(tmp_path / "ws", io.BytesIO())
+        write_folder_zip(tmp_path / "ws", io.BytesIO())
 
 
 @pytest.mark.parametrize("big_mib", [1, 13])
@@ -71,7 +70,7 @@ def test_the_upload_never_holds_the_whole_zip(
     files = workspace(tmp_path / "ws", big_mib)
     key = f"{blob_prefix}result.zip"
     with tempfile.TemporaryFile(dir=tmp_path) as archive:
-        write_result_zip(tmp_path / "ws", archive)
+        write_folder_zip(tmp_path / "ws", archive)
         size = archive.tell()
         tracemalloc.start()
         try:

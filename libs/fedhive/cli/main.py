@@ -3,7 +3,8 @@
 Job and site commands (submit, jobs, job, clone, resume, delete, download, abort, watch,
 sites; metrics in cli/metrics.py, logs in cli/logs.py) talk to the gateway through
 `fedhive.sdk.Session` (cli/jobs.py; where the gateway is: cli/connection.py).
-`validate` checks a job offline, `config` the service environment, `admin-token` makes a token.
+`simulate` runs a job on simulated sites in this process (cli/simulate.py). `validate` checks
+a job offline, `config` the service environment, `admin-token` makes a token.
 `poc start|status|stop` runs the whole system on this machine (cli/poc.py); `demo` runs the
 examples on it (cli/demo.py). `watch` follows a job with its rounds (cli/watch.py).
 
@@ -33,6 +34,7 @@ from fedhive.cli.exits import exit_code, fail, message
 from fedhive.cli.jobs import CONFIG_FILE_KEY, JsonOpt
 from fedhive.cli.logs import logs
 from fedhive.cli.metrics import metrics
+from fedhive.cli.simulate import simulate
 from fedhive.cli.validate import validate
 from fedhive.cli.watch import watch
 from fedhive.config import Settings
@@ -56,6 +58,7 @@ for _command in (jobs.submit, jobs.jobs, jobs.job, jobs.clone, jobs.resume, jobs
 app.command()(logs)
 app.add_typer(poc.app, name="poc")
 app.command()(demo)
+app.command()(simulate)
 
 
 @app.callback()

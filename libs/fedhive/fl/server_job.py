@@ -192,6 +192,33 @@ def _end_run(ctx: WorkflowContext, server: TaskServer) -> None:
         ctx.log.info("server_job.end_run_unheard", aborted=ctx.abort.is_set())
 
 
+def serve_app(ctx: WorkflowContext, bus: Bus, app_dir: Path) -> Outcome:
+    """Steps 2 to 4: serve the job's task queue on `bus`, run the app, end the run; how it
+    went. Shared by the server-job process and `fedhive simulate`."""
+    assert ctx.tasks is not None and ctx.names is not None
+    stop = threading.Event()
+    monitor = threading.Thread(target=_monitor, args=(ctx.tasks, ctx.log, stop),
+                               name="task-monitor", daemon=True)
+    monitor.start()
+    server = TaskServer(ctx, service_user=bus.user)
+    serving = False
+    try:
+        handlers = 2 * len(ctx.sites) + 4  # a long poll and a result per site, and spares
+        server.serve(bus, ctx.names.job_server_queue(ctx.job_id), handlers=handlers)
+        serving = True
+        ctx.log.info("server_job.started", pid=os.getpid(), sites=ctx.sites)
+        run_app(app_dir, ctx)
+        outcome = Outcome("completed")
+    except Exception as err:
+        ctx.log.error("server_job.exception", error=f"{type(err).__name__}: {err}")
+        outcome = Outcome("exception", f"{type(err).__name__}: {err}")
+    if serving:
+        _end_run(ctx, server)
+    stop.set()
+    monitor.join()
+    return outcome
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="fedhive-server-job",
                                      description="Run one job's server app (started by the "
@@ -226,34 +253,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: ctx.abort.set())
     table = RunTable.from_settings(settings)
     stop = threading.Event()
-    threads = [
-        threading.Thread(target=_liveness, args=(table, ctx, args.liveness_interval, stop),
-                         name="liveness", daemon=True),
-        threading.Thread(target=_monitor, args=(ctx.tasks, log, stop), name="task-monitor",
-                         daemon=True),
-    ]
-    for thread in threads:
-        thread.start()
+    liveness = threading.Thread(target=_liveness, name="liveness", daemon=True,
+                                args=(table, ctx, args.liveness_interval, stop))
+    liveness.start()
     bus = RabbitBus(settings, name=f"server-job.{args.job_id}")
     round_log = RoundLog.from_settings(settings)
     ctx.report_round = RoundReports(args.job_id, args.workspace, bus, log, rounds=round_log)
-    server = TaskServer(ctx, service_user=bus.user)
-    serving = False
-    try:
-        handlers = 2 * len(sites) + 4  # a long poll and a result per site, and spares
-        server.serve(bus, names.job_server_queue(args.job_id), handlers=handlers)
-        serving = True
-        log.info("server_job.started", pid=os.getpid(), sites=ctx.sites)
-        run_app(args.app_dir, ctx)
-        outcome = Outcome("completed")
-    except Exception as err:
-        log.error("server_job.exception", error=f"{type(err).__name__}: {err}")
-        outcome = Outcome("exception", f"{type(err).__name__}: {err}")
-    if serving:
-        _end_run(ctx, server)
+    outcome = serve_app(ctx, bus, args.app_dir)
     stop.set()
-    for thread in threads:
-        thread.join()
+    liveness.join()
     table.report(args.job_id, outcome)
     log.info("server_job.ended", result=outcome.result, aborted=ctx.abort.is_set())
     bus.close()

@@ -2,7 +2,8 @@
 
 It passes the same contract suite as `RedisStateStore`: one lock makes every operation atomic,
 status changes obey `fedhive.jobs.status.TRANSITIONS` (through `is_allowed`), and TTLs run on
-the monotonic clock. It shares nothing between processes, so it is never used by a service.
+the monotonic clock. It shares nothing between processes, so it is never used by a service;
+`fedhive simulate` keeps its job record in one.
 """
 
 from __future__ import annotations

@@ -142,10 +142,12 @@ def child_environment(extra: Mapping[str, str] | None = None, *,
     return {**kept, **(extra or {})}
 
 
-def environment_values(names: Sequence[str]) -> dict[str, str | None]:
-    """The values of `names` in this process's environment (None: unset); a child job reports
-    what its parent set for it."""
-    return {name: os.environ.get(name) for name in names}
+def environment_values(names: Sequence[str], environ: Mapping[str, str] | None = None,
+                       ) -> dict[str, str | None]:
+    """The values of `names` in `environ` (this process's environment by default; None:
+    unset); a child job reports what its parent set for it."""
+    env = os.environ if environ is None else environ
+    return {name: env.get(name) for name in names}
 
 
 def _url(name: str, value: str | None, schemes: tuple[str, ...]) -> str:

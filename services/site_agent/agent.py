@@ -12,7 +12,6 @@ set, and `heartbeat.EndedNotices` publishes the notice until the broker confirme
 
 from __future__ import annotations
 
-import subprocess
 import threading
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -30,6 +29,7 @@ from fedhive.resources import CheckResult, SiteResources
 from . import bundle, process
 from .config import SiteConfig
 from .hub_config import ENDED_MARK
+from .launch import Launcher, Processes, Running
 from .records import (
     JobRecord,
     JobState,
@@ -72,6 +72,7 @@ class SiteAgent:
         *,
         downloader: Downloader = _download,
         hub: Hub | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
         self.config = config
         self.hub = hub  # a hub site's lower tier (`hub`), None for an ordinary site
@@ -79,10 +80,11 @@ class SiteAgent:
         self._consumer = resources.consumer
         self._ws = workspace
         self._download = downloader
+        self._launcher = launcher or Processes()
         self._lock = threading.Lock()
         self._job_locks: dict[str, threading.Lock] = {}
         self._records: dict[str, JobRecord] = {}
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._procs: dict[str, Running] = {}  # the client jobs this agent started
         self._watchers: list[threading.Thread] = []
         self._stopping = threading.Event()
         self.notice_due = threading.Event()  # set when a job's ended notice became pending
@@ -263,16 +265,16 @@ class SiteAgent:
             for name in sorted(env):
                 args += ["--resource-env", name]
             self._ws.last_words_file(job_id).unlink(missing_ok=True)  # only this run's count
-            proc = process.spawn(
+            running = self._launcher.launch(
                 self.config.client_job_module, args, cwd=self._ws.app_dir(job_id),
                 env=child_environment(env), log_file=self._ws.log_file(job_id),
             )
             record = self._save(record.but(
-                state=JobState.RUNNING, pid=proc.pid, pid_started=process.start_time(proc.pid)
+                state=JobState.RUNNING, pid=running.pid, pid_started=running.pid_started
             ))
-            self._procs[job_id] = proc
-            self._watch_in_thread(job_id, partial(self._watch, job_id, proc))
-            self._log.info("site_agent.started", job_id=job_id, pid=proc.pid, env=env)
+            self._procs[job_id] = running
+            self._watch_in_thread(job_id, partial(self._watch, job_id, running))
+            self._log.info("site_agent.started", job_id=job_id, pid=running.pid, env=env)
             return record
 
     def abort(self, job_id: str, reason: str) -> JobRecord:
@@ -284,9 +286,11 @@ class SiteAgent:
             if not record.state.final:
                 record = self._save(record.but(state=JobState.ABORTED,
                                                reason=reason or "aborted"))
-                if record.pid:
-                    killed = process.stop_group(record.pid, record.pid_started,
-                                                self.config.abort_grace_s)
+                running = self._procs.get(job_id)  # None for one re-adopted: its pid only
+                if running is not None or record.pid:
+                    grace = self.config.abort_grace_s
+                    killed = (running.stop(grace) if running is not None
+                              else process.stop_group(record.pid, record.pid_started, grace))
                     self._log.info("site_agent.aborted", job_id=job_id, pid=record.pid,
                                    killed=killed, reason=record.reason)
             # A hub: the lower-tier job goes too (also when the client job died before), unless
@@ -320,8 +324,8 @@ class SiteAgent:
             self._watchers.append(watcher)
         watcher.start()
 
-    def _watch(self, job_id: str, proc: subprocess.Popen[bytes]) -> None:
-        self._end(job_id, proc.wait())
+    def _watch(self, job_id: str, running: Running) -> None:
+        self._end(job_id, running.wait())
 
     def _watch_adopted(self, record: JobRecord) -> None:
         """A client job that is not this agent's child: poll until it is gone."""

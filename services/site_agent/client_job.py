@@ -22,6 +22,10 @@ stderr).
 Before it exits, however it exits (short of being killed), it writes its last words to
 `<workspace>/.agent/jobs/<job_id>.end.json`: its exit code and why it ended, one line. Its
 agent passes them on to the runner in the job's final `JobHeartbeat`.
+
+`run_in_thread` is the same client job as a thread of a light-site host (`launch.Threads`):
+the environment and the app folder are handed to it, its log lines go to the job's log file,
+abort is an event, and the exit code is returned.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pika
 
@@ -45,7 +50,7 @@ from fedhive.fl.components import ComponentError
 from fedhive.fl.executor import ANY_TASK, Executors
 from fedhive.fl.worker import Worker, WorkerConfig
 from fedhive.heap import bound_heap
-from fedhive.logging import configure
+from fedhive.logging import configure, file_logger
 from fedhive.names import Names
 from fedhive.proto.v1 import task_pb2
 from fedhive.retry import Backoff
@@ -67,6 +72,7 @@ class ClientJob:
     job_id: str
     server_queue: str
     log: Any
+    app_dir: Path  # the deployed app: the working directory of its executors and trainers
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -81,25 +87,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def prepare(args: argparse.Namespace) -> ClientJob:
-    base = Settings.from_env()
+def prepare(args: argparse.Namespace, *, environ: Mapping[str, str] | None = None,
+            app_dir: Path | None = None, log_stream: TextIO | None = None) -> ClientJob:
+    """The job from its arguments, the environment (this process's by default), the app folder
+    (the working directory) and where to log (this process's stderr, configured)."""
+    base = Settings.from_env(environ)
     config = load_site(args.site_dir)
     job_id = check_job_id(args.job_id)
-    log = configure("client-job", level=base.log_level,
-                    context={"site": config.site, "job_id": job_id})
-    return ClientJob(agent_settings(base, config), config, job_id, args.server_queue, log)
+    context = {"site": config.site, "job_id": job_id}
+    log = (configure("client-job", level=base.log_level, context=context) if log_stream is None
+           else file_logger(log_stream, service="client-job", **context))
+    return ClientJob(agent_settings(base, config), config, job_id, args.server_queue, log,
+                     app_dir or Path.cwd())
 
 
-def report(job: ClientJob, args: argparse.Namespace, bus: RabbitBus) -> None:
+def report(job: ClientJob, args: argparse.Namespace, bus: RabbitBus,
+           environ: Mapping[str, str] | None = None) -> None:
     """The report file and the first JobHeartbeat."""
     facts = {
         "job_id": job.job_id,
         "site": job.config.site,
         "pid": os.getpid(),
         "process_group": os.getpgid(0),
-        "cwd": str(Path.cwd()),
+        "cwd": str(job.app_dir),
         "server_queue": job.server_queue,
-        "resource_env": environment_values(args.resource_env),
+        "resource_env": environment_values(args.resource_env, environ),
         "broker_user": pika.URLParameters(job.settings.amqp_url).credentials.username,
         "started_at_ms": now_ms(),
     }
@@ -130,13 +142,13 @@ def beat(job: ClientJob, bus: RabbitBus, current_task: str) -> None:
 def executors_for(job: ClientJob, hub: bool, abort: threading.Event) -> Executors:
     """The app's executors, or at a hub site `HubExecutor` for every task."""
     if not hub:
-        return Executors.load(Path.cwd())
+        return Executors.load(job.app_dir)
     config = load_hub(job.config.site_dir)
     if config is None:
         raise ComponentError(f"--hub: {job.config.site_dir / HUB_FILE} is missing")
     from .hub_executor import HubExecutor  # gRPC and the SDK: loaded at hub sites only
 
-    return Executors(by_task={ANY_TASK: HubExecutor(config, job.job_id, abort, Path.cwd())})
+    return Executors(by_task={ANY_TASK: HubExecutor(config, job.job_id, abort, job.app_dir)})
 
 
 def work(job: ClientJob, bus: RabbitBus, abort: threading.Event, hub: bool = False) -> bool:
@@ -150,7 +162,7 @@ def work(job: ClientJob, bus: RabbitBus, abort: threading.Event, hub: bool = Fal
         raise
     worker = Worker(bus, executors, WorkerConfig(
         job_id=job.job_id, site=job.config.site, server_queue=job.server_queue,
-        workspace=Path.cwd(), inline_threshold=job.settings.inline_threshold,
+        workspace=job.app_dir, inline_threshold=job.settings.inline_threshold,
     ), abort=abort, log=job.log)
     failure: list[BaseException] = []
 
@@ -203,35 +215,62 @@ def last_words(job: ClientJob | None, exit_code: int, reason: str) -> None:
         job.log.warning("client_job.last_words_failed", error=str(err))
 
 
+def serve(job: ClientJob, args: argparse.Namespace, abort: threading.Event,
+          environ: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """Steps 1 to 3 on the job's own connection: (exit code, why) for its last words."""
+    bus = RabbitBus(job.settings, name=f"client-job.{job.job_id}", site=True)
+    try:
+        report(job, args, bus, environ)
+        ended = work(job, bus, abort, args.hub)
+    finally:
+        bus.close()
+    if not ended:
+        return -signal.SIGTERM, "stopped by SIGTERM, its running task given a moment"
+    job.log.info("client_job.ended")
+    return 0, "the server job ended the run"
+
+
 def main(argv: list[str] | None = None) -> None:
     bound_heap()  # before any thread: see fedhive.heap
     abort = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: abort.set())
     args = parse_args(argv)
     job: ClientJob | None = None
-    bus: RabbitBus | None = None
     try:
         job = prepare(args)
-        bus = RabbitBus(job.settings, name=f"client-job.{job.job_id}", site=True)
-        report(job, args, bus)
-        ended = work(job, bus, abort, args.hub)
+        code, why = serve(job, args, abort)
     except (FedhiveError, ComponentError) as err:
         last_words(job, 1, str(err))
         print(f"fedhive-client-job: {err}", file=sys.stderr)
-        if bus is not None:
-            bus.close()
         sys.exit(1)
     except Exception as err:  # a bug: its traceback goes to the log, its last line to the runner
         last_words(job, 1, f"{type(err).__name__}: {err}")
         raise
-    if not ended:  # stopped: end as SIGTERM would have, the running task given its moment
-        last_words(job, -signal.SIGTERM, "stopped by SIGTERM, its running task given a moment")
+    last_words(job, code, why)
+    if code < 0:  # stopped: end as SIGTERM would have, the running task given its moment
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
-    bus.close()
-    last_words(job, 0, "the server job ended the run")
-    job.log.info("client_job.ended")
     sys.exit(0)
+
+
+def run_in_thread(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_file: Path,
+                  abort: threading.Event) -> int:
+    """`main` as a thread of a light-site host: the exit code is returned, never raised."""
+    args = parse_args(list(argv))
+    job: ClientJob | None = None
+    with log_file.open("a", buffering=1) as out:
+        try:
+            job = prepare(args, environ=env, app_dir=cwd, log_stream=out)
+            code, why = serve(job, args, abort, env)
+        except Exception as err:  # a thread's end must be told, whatever ended it
+            why = str(err) if isinstance(err, FedhiveError | ComponentError) \
+                else f"{type(err).__name__}: {err}"
+            print(f"fedhive-client-job: {why}", file=out)
+            last_words(job, 1, why)
+            return 1
+        last_words(job, code, why)
+        return code
+
 
 if __name__ == "__main__":
     main()

@@ -2,6 +2,15 @@
 
     fedhive-site-agent [run] --site-dir DIR          run the agent until SIGTERM/SIGINT
     fedhive-site-agent status --site-dir DIR [--json] the site's jobs, from its own files
+    fedhive-site-agent host --site-dir DIR ... | --sites-root ROOT
+                                                     many light sites in one process
+
+A light-site host runs one agent per site folder (every `ROOT/*/` with a `local/site.json`),
+each exactly as `run` would (its own broker user and connection, control queue, heartbeats,
+notices, logs), but runs client jobs as threads (`launch.Threads`): a site costs a few MiB
+instead of a process per job, so hundreds of sites fit on one machine for tests and benchmarks.
+Not for production: threads cannot be killed, and share one environment (resource variables are
+not applied) and one failure domain. A hub site cannot be hosted (one line, exit 2).
 
 The composition root: the site folder gives the site's config and resources (a bad file stops
 the start with one line naming file and field, exit 2), the agent reconciles its workspace
@@ -19,13 +28,14 @@ import argparse
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from fedhive.bus import Consumer, RabbitBus, Senders
 from fedhive.config import Settings
-from fedhive.errors import FedhiveError
+from fedhive.errors import ConfigError, FedhiveError
 from fedhive.names import Names
 from fedhive.readiness import STALE_AFTER, Check
 from fedhive.readiness_checks import consuming, published_within
@@ -36,12 +46,14 @@ from .agent import SiteAgent
 from .config import agent_settings, load_site, load_site_resources
 from .handlers import ACCEPTS, make_handler
 from .heartbeat import EndedNotices, Heartbeats
-from .hub_config import load_hub
+from .hub_config import HUB_FILE, load_hub
+from .launch import Threads
 from .logs import LogShipper
 from .records import AgentInfo, Workspace, now_ms
 from .status import render, site_status
 
 SERVICE = "site-agent"
+HOST_SERVICE = "site-host"
 # Commands run concurrently (each job's commands one at a time): an abort waiting out its
 # grace period must not hold up other jobs' checks and deploys.
 CONCURRENCY = 4
@@ -100,10 +112,15 @@ class RunningAgent:
             self.agent.hub.close()
 
 
-def build_agent(site_dir: Path, settings: Settings, log: Any) -> RunningAgent:
+def build_agent(site_dir: Path, settings: Settings, log: Any, *,
+                light: bool = False) -> RunningAgent:
+    """The site's agent, started; `light`: its client jobs run as threads (a host's site)."""
     config = load_site(site_dir)
     resources = load_site_resources(config)
     workspace = Workspace(config.workspace)
+    if light and (config.site_dir / HUB_FILE).exists():
+        raise ConfigError(f"{config.site_dir / HUB_FILE}: a hub site cannot be a light site",
+                          field="hub")
     hub_config = load_hub(config.site_dir)
     hub = None
     if hub_config is not None:
@@ -115,7 +132,8 @@ def build_agent(site_dir: Path, settings: Settings, log: Any) -> RunningAgent:
         except BaseException:
             hub.close()
             raise
-    agent = SiteAgent(config, resources, workspace, hub=hub)
+    agent = SiteAgent(config, resources, workspace, hub=hub,
+                      launcher=Threads() if light else None)
     agent.reconcile()
     bus = RabbitBus(agent_settings(settings, config), name=f"{SERVICE}.{config.site}", site=True)
     try:
@@ -131,6 +149,53 @@ def build_agent(site_dir: Path, settings: Settings, log: Any) -> RunningAgent:
     return running
 
 
+class Host:
+    """Light sites: one `RunningAgent` per site folder, client jobs as threads."""
+
+    def __init__(self, agents: list[RunningAgent]) -> None:
+        self.agents = agents
+
+    def ready_checks(self) -> list[Check]:
+        return [check for agent in self.agents for check in agent.ready_checks()]
+
+    def close(self) -> None:
+        with ThreadPoolExecutor(BUILDERS) as pool:  # each waits out its jobs' abort grace
+            list(pool.map(RunningAgent.close, self.agents))
+
+
+BUILDERS = 16  # agents connected and closed at once: each is a broker round trip or more
+
+
+def build_host(site_dirs: list[Path], settings: Settings, log: Any) -> Host:
+    """Every site's agent, started; a site that cannot start stops them all (its error)."""
+    started: list[RunningAgent] = []
+    with ThreadPoolExecutor(BUILDERS) as pool:
+        futures = [pool.submit(build_agent, site_dir, settings, log, light=True)
+                   for site_dir in site_dirs]
+        errors = []
+        for future in futures:
+            try:
+                started.append(future.result())
+            except BaseException as err:  # the others are stopped, this one is told
+                errors.append(err)
+    if errors:
+        Host(started).close()
+        raise errors[0]
+    log.info("site_host.ready", sites=len(started))
+    return Host(started)
+
+
+def site_folders(args: argparse.Namespace) -> list[Path]:
+    """`--site-dir`s, or every folder of `--sites-root` with a `local/site.json`."""
+    if args.sites_root is None:
+        return list(args.site_dirs)
+    folders = sorted(p.parent.parent for p in args.sites_root.glob("*/local/site.json"))
+    if not folders:
+        raise ConfigError(f"{args.sites_root}: no site folder (*/local/site.json) in it",
+                          field="sites_root")
+    return folders
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="fedhive-site-agent",
@@ -143,8 +208,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         sub.add_argument("--site-dir", type=Path, required=sub is not parser,
                          help="the site folder (with local/site.json and local/resources.json)")
     status.add_argument("--json", action="store_true", help="print JSON")
+    host = commands.add_parser("host", help="run many light sites in this process (tests and "
+                               "benchmarks at scale)")
+    sites = host.add_mutually_exclusive_group(required=True)
+    sites.add_argument("--site-dir", type=Path, action="append", dest="site_dirs",
+                       help="a site folder (repeatable)")
+    sites.add_argument("--sites-root", type=Path,
+                       help="a folder whose every */local/site.json is a site")
     args = parser.parse_args(argv)
-    if args.site_dir is None:
+    if args.command != "host" and args.site_dir is None:
         parser.error("--site-dir is required")
     return args
 
@@ -159,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
         print(json.dumps(status.to_json(), indent=2) if args.json else render(status))
         return
+    if args.command == "host":
+        run(HOST_SERVICE, lambda settings, log: build_host(site_folders(args), settings, log))
     run(SERVICE, lambda settings, log: build_agent(args.site_dir, settings, log))
 
 

@@ -45,6 +45,7 @@ def site_status(site_dir: Path) -> SiteStatus:
     config = load_site(site_dir)
     ws = Workspace(config.workspace)
     info = ws.load_agent()
+    agent_running = info is not None and process.alive(info.pid, info.pid_started)
     jobs = []
     for record in ws.load_jobs():
         values = record.to_json()
@@ -52,7 +53,9 @@ def site_status(site_dir: Path) -> SiteStatus:
         values.pop("pid_started")
         values.pop("token")
         running = record.state is JobState.RUNNING
-        values["process_alive"] = running and process.alive(record.pid, record.pid_started)
+        # pid 0: a light site's client job, a thread that lives as long as its host
+        alive = process.alive(record.pid, record.pid_started) if record.pid else agent_running
+        values["process_alive"] = running and alive
         if running and not values["process_alive"]:
             values["state"] = JobState.LOST.value
             values["reason"] = "client job process is gone (the agent has not seen it exit)"
@@ -61,7 +64,7 @@ def site_status(site_dir: Path) -> SiteStatus:
         site=config.site,
         org=config.org,
         workspace=str(config.workspace),
-        agent_running=info is not None and process.alive(info.pid, info.pid_started),
+        agent_running=agent_running,
         agent_pid=info.pid if info else 0,
         last_server_contact_ms=info.last_server_contact_ms if info else 0,
         jobs=jobs,

@@ -1,5 +1,9 @@
 """The site agent as a real process on the real broker: its control-queue commands, deploys from
-S3 through presigned URLs, client jobs, resources, and the ended notice of every client job."""
+S3 through presigned URLs, client jobs, resources, and the ended notice of every client job.
+
+Every test runs twice: against `fedhive-site-agent run` and against a light-site host of the
+same site (`fedhive-site-agent host`: client jobs as threads), but for what only a process can
+do (survive SIGTERM, be killed by a signal)."""
 
 from __future__ import annotations
 
@@ -40,6 +44,16 @@ from tests.fixtures.site_agent import (
 )
 
 
+@pytest.fixture
+def site_agents(light_sites: SiteAgents) -> SiteAgents:
+    return light_sites
+
+
+def process_only(site_agents: SiteAgents) -> None:
+    if site_agents.light:
+        pytest.skip("a light site's client job is a thread: no signal reaches it alone")
+
+
 def test_check_allocate_deploy_start_finish_free(
     site_agents: SiteAgents, blob_store: BlobStore, make_bus: Callable[..., RabbitBus]
 ) -> None:
@@ -55,13 +69,16 @@ def test_check_allocate_deploy_start_finish_free(
 
     end_runs(make_bus(name="server-job"), agent.namespace, "job-1", "site-1")
     started = start(agent, "job-1")
-    assert started.state == "RUNNING" and started.pid > 0
+    assert started.state == "RUNNING"
     # The real client job reports itself: env from the consumer, cwd, broker identity.
     report = wait_for(lambda: agent.report("job-1"), what="the client job's report")
     assert report["resource_env"] == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                                       "CUDA_VISIBLE_DEVICES": "0"}
     assert report["cwd"] == str(agent.workspace / "job-1")
-    assert report["pid"] == report["process_group"] == started.pid
+    if agent.light:  # a thread of the host
+        assert started.pid == 0 and agent.proc is not None and report["pid"] == agent.proc.pid
+    else:
+        assert started.pid > 0 and report["pid"] == report["process_group"] == started.pid
     beats = wait_for(lambda: events.of("site.site-1.job"), what="the job heartbeat")
     beat, user = beats[0]
     assert isinstance(beat, site_pb2.JobHeartbeat)
@@ -75,7 +92,7 @@ def test_check_allocate_deploy_start_finish_free(
     [ended] = wait_for(lambda: events.ended("site-1", "job-1"), what="the ended notice")
     assert (ended.exit_code, ended.reason) == (0, "the server job ended the run")
     assert start(agent, "job-1").state == "FINISHED"  # a late redelivered start: no second run
-    assert agent.report("job-1")["pid"] == started.pid
+    assert agent.report("job-1") == report
     freed = agent.call(site_pb2.FreeResourcesRequest(job_id="job-1"), site_pb2.SiteJob)
     assert freed.state == "FINISHED"
     assert allocate(agent, "job-2", {"gpu": 2}) == {"gpu": [0, 1]}  # everything is free again
@@ -114,6 +131,7 @@ def test_abort_running_job_then_free(site_agents: SiteAgents, blob_store: BlobSt
 def test_abort_kills_a_job_that_ignores_sigterm(
     site_agents: SiteAgents, blob_store: BlobStore
 ) -> None:
+    process_only(site_agents)
     agent = site_agents.start(client_job_module=HOLDING_CJ, abort_grace_s=0.5)
     allocate(agent, "job-1", {})
     deploy(agent, blob_store, "job-1", {**CLIENT_APP, "hold.json": '{"ignore_sigterm": true}'})
@@ -278,6 +296,7 @@ def test_a_client_job_that_fails_at_once_is_reported_ended(
 def test_a_client_job_killed_by_sigkill_is_reported_ended(
     site_agents: SiteAgents, blob_store: BlobStore, make_bus: Callable[..., RabbitBus]
 ) -> None:
+    process_only(site_agents)
     events = Events(make_bus)
     agent = site_agents.start(client_job_module=HOLDING_CJ)
     allocate(agent, "job-1", {"gpu": 1})
@@ -295,6 +314,7 @@ def test_a_client_job_killed_by_sigkill_is_reported_ended(
 def test_an_ended_notice_the_broker_refused_is_published_later(
     site_agents: SiteAgents, blob_store: BlobStore, make_bus: Callable[..., RabbitBus]
 ) -> None:
+    process_only(site_agents)
     events = Events(make_bus)
     agent = site_agents.start(client_job_module=HOLDING_CJ)
     allocate(agent, "job-1", {})

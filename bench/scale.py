@@ -1,0 +1,198 @@
+"""Benchmark: FedAvg rounds with many sites, on the real services, the sites light.
+
+The job-store, scheduler and job-runner as in bench/rounds.py, and ONE light-site host process
+(`fedhive-site-agent host`) for all N sites: each its own broker user, control queue and
+heartbeats every 5 s, its client job a thread of the host. One job per N: ScatterAndGather over
+a 1 MiB float32 model (inline in the messages), `--rounds` rounds, min_clients = N, a trainer
+that adds 1. For each N:
+
+* `round_s`: (the last round's report - the first's) / (rounds - 1); the first round also holds
+  the client jobs' start-up;
+* `sj_cpu_ms_per_result`: the server job's CPU time (user + system) between those two reports,
+  divided by the results those rounds took in (N x (rounds - 1));
+* `host_rss_mib`: the host's peak RSS while the job ran; `mib_per_site` the slope between the
+  smallest and the largest N (what one more light site costs).
+
+    .venv/bin/python bench/scale.py [--rounds 5] [--sites 8 32 100 300]
+
+Prints JSON and writes bench/results/scale.json (keys `round_s_<n>_sites`,
+`sj_cpu_ms_per_result_<n>_sites`, and `round_s_100_sites`, `round_s_300_sites`,
+`sj_cpu_ms_per_result` (the largest N's), `mib_per_extra_site`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import secrets
+import sys
+import tempfile
+import threading
+import zipfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # for tests.fixtures (the service launchers, SeaweedFS)
+
+from rounds import HEARTBEAT_S, job_archive  # noqa: E402  (beside this script)
+from scheduling import start_scheduler, submit, wait_final  # noqa: E402
+from support import bench_settings, load_average, write_results  # noqa: E402
+
+from fedhive.blobs import S3BlobStore  # noqa: E402
+from fedhive.bus import RabbitBus  # noqa: E402
+from fedhive.config import Settings  # noqa: E402
+from fedhive.jobs.status import JobStatus  # noqa: E402
+from fedhive.logging import configure  # noqa: E402
+from fedhive.names import Names  # noqa: E402
+from fedhive.state import RedisStateStore  # noqa: E402
+from tests.fixtures.gateway import clean_namespace  # noqa: E402
+from tests.fixtures.infra import stop_process, wait_for  # noqa: E402
+from tests.fixtures.job_runner import RunnerProcess  # noqa: E402
+from tests.fixtures.job_store import JobStoreProcess, stage  # noqa: E402
+from tests.fixtures.site_agent import SiteUsers, start_host, storage_url, write_site  # noqa: E402
+
+MiB = 1024 * 1024
+SAMPLE_S = 0.05
+
+
+class Watch:
+    """Samples, every SAMPLE_S, the host's RSS and the server job's CPU time at each new round
+    its workspace's metrics.json shows (the server job is found by its working directory)."""
+
+    def __init__(self, host: psutil.Process, runner: RunnerProcess) -> None:
+        self._host = host
+        self._runner = runner
+        self.peak_rss = 0
+        self.cpu_at_round: dict[int, float] = {}  # rounds reported -> SJ CPU seconds then
+        self.job_id = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        server_job: psutil.Process | None = None
+        while not self._stop.wait(SAMPLE_S):
+            self.peak_rss = max(self.peak_rss, self._host.memory_info().rss)
+            if not self.job_id:
+                continue
+            workspace = self._runner.workspace(self.job_id)
+            if server_job is None:
+                server_job = _process_in(str(workspace))
+                continue
+            try:
+                cpu = sum(server_job.cpu_times()[:2])
+                reported = len(json.loads((workspace / "metrics.json").read_text())["rounds"])
+            except (psutil.Error, OSError, ValueError, KeyError):
+                continue  # not written yet, being rewritten, or the job is over
+            self.cpu_at_round.setdefault(reported, cpu)
+
+
+def _process_in(cwd: str) -> psutil.Process | None:
+    for proc in psutil.process_iter(["cwd"]):
+        if proc.info["cwd"] == cwd:
+            return proc
+    return None
+
+
+def run_sites(count: int, rounds: int) -> dict[str, Any]:
+    namespace = f"bench-scale-{secrets.token_hex(3)}"
+    sites = [f"s{n}" for n in range(1, count + 1)]
+    with bench_settings(namespace) as (settings, s3), tempfile.TemporaryDirectory() as tmp, \
+            ExitStack() as stack:
+        root = Path(tmp)
+        stack.callback(clean_namespace, settings)
+        bus = RabbitBus(settings, name="bench-scale")
+        stack.callback(bus.close)
+        state = RedisStateStore.from_settings(settings)
+        stack.callback(state.close)
+        blobs = S3BlobStore.from_settings(settings)
+        stack.callback(blobs.close)
+        job_store = JobStoreProcess(settings, root / "job-store.log")
+        stack.callback(job_store.stop)
+        job_store.start()
+        job_store.wait_ready(bus)
+        runner = RunnerProcess(settings, root, "--site-ttl", str(3 * HEARTBEAT_S)).start()
+        stack.callback(runner.stop)
+        host = start_host(write_sites(settings, root, sites, bus.user, stack),
+                          root / "site-host.log")
+        stack.callback(stop_process, host)
+        wait_for(lambda: len(state.online_sites()) == count, timeout=60 + count / 5,
+                 what=f"{count} sites online")
+        idle_rss = psutil.Process(host.pid).memory_info().rss
+        stack.callback(stop_process, start_scheduler(settings, root / "scheduler.log", 1))
+        watch = Watch(psutil.Process(host.pid), runner)
+        stack.callback(watch.close)
+        watch.job_id = submit(bus, Names(namespace), stage(blobs, Names(namespace),
+                                                           job_archive(sites, rounds)))
+        (record,) = wait_final(state, [watch.job_id], 120 + count)
+        assert record.status == JobStatus.FINISHED_COMPLETED, record.status_reason
+        with zipfile.ZipFile(io.BytesIO(blobs.get(record.result_key))) as result:
+            reports = json.loads(result.read("metrics.json"))["rounds"]
+        times = [r["time"] for r in reports]
+        cpu = watch.cpu_at_round
+        measured = {"round_s": round((times[-1] - times[0]) / (rounds - 1), 3),
+                    "host_rss_mib": round(watch.peak_rss / MiB, 1),
+                    "host_idle_rss_mib": round(idle_rss / MiB, 1), "s3": s3}
+        if 1 in cpu and rounds in cpu:
+            results = count * (rounds - 1)
+            measured["sj_cpu_ms_per_result"] = round(
+                (cpu[rounds] - cpu[1]) * 1000 / results, 3)
+        return measured
+
+
+def write_sites(settings: Settings, root: Path, sites: list[str], services_user: str,
+                stack: ExitStack) -> list[Path]:
+    """The sites' folders, each with a broker user of its own (made in one rabbitmqctl call)."""
+    users = SiteUsers(settings)
+    stack.callback(users.close)
+    urls = users.url(*sites)
+    where = storage_url(settings)
+    return [write_site(root / site, site=site, broker_url=urls[site],
+                       namespace=settings.namespace, storage_url=where,
+                       services_user=services_user, heartbeat_interval_s=HEARTBEAT_S)
+            for site in sites]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--sites", type=int, nargs="+", default=[8, 32, 100, 300])
+    parser.add_argument("--output", type=Path, default=ROOT / "bench/results/scale.json")
+    args = parser.parse_args()
+    configure("bench-scale", level="WARNING")  # logs to stderr: stdout is the JSON result
+    load_before = load_average()
+    results: dict[str, Any] = {}
+    for count in args.sites:
+        measured = run_sites(count, args.rounds)
+        results[f"round_s_{count}_sites"] = measured["round_s"]
+        if "sj_cpu_ms_per_result" in measured:
+            results[f"sj_cpu_ms_per_result_{count}_sites"] = measured["sj_cpu_ms_per_result"]
+        results[f"details_{count}_sites"] = measured
+    low, high = min(args.sites), max(args.sites)
+    if high > low:
+        rss = {n: results[f"details_{n}_sites"]["host_rss_mib"] for n in (low, high)}
+        results["mib_per_extra_site"] = round((rss[high] - rss[low]) / (high - low), 2)
+    if f"sj_cpu_ms_per_result_{high}_sites" in results:
+        results["sj_cpu_ms_per_result"] = results[f"sj_cpu_ms_per_result_{high}_sites"]
+    results.update(goals={"round_s_100_sites": 0.5, "round_s_300_sites": 1.5,
+                          "sj_cpu_ms_per_result": 1.0, "mib_per_extra_site": 20},
+                   rounds=args.rounds, model_mib=1, python=platform.python_version(),
+                   cpus=os.cpu_count(), loadavg_1_5_15_at_start=load_before,
+                   loadavg_1_5_15_at_end=load_average(),
+                   command=" ".join(["bench/scale.py", *sys.argv[1:]]))
+    write_results(results, args.output)
+
+
+if __name__ == "__main__":
+    main()

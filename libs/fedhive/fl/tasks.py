@@ -15,8 +15,9 @@ from __future__ import annotations
 import enum
 import time
 import uuid
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from fedhive.errors import InvalidArgument
@@ -66,16 +67,29 @@ TaskDoneCallback = Callable[["Task"], Any]
 
 @dataclass(eq=False)
 class ClientTask:
-    """One assignment of a task to one site; resending it keeps its id."""
+    """One assignment of a task to one site; resending it keeps its id.
+
+    It refers to its task weakly: a task lists its client tasks, and a strong reference back
+    made a cycle that kept every site's result (an inline model each) alive after the round
+    until the cyclic garbage collector happened to run (hundreds of MiB with many sites)."""
 
     site: str
-    task: Task = field(repr=False)
+    owner: InitVar[Task]
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     send_count: int = 0
     sent_time: float | None = None  # the task manager's clock, at the latest send
     result_received_time: float | None = None
     result: Result | None = None
     props: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self, owner: Task) -> None:
+        self._task = weakref.ref(owner)
+
+    @property
+    def task(self) -> Task:
+        task = self._task()
+        assert task is not None, "a client task outlived its task"
+        return task
 
 
 @dataclass(eq=False)

@@ -48,24 +48,13 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.fixtures, which bench/support.py imports
 
-from support import load_average, write_results  # noqa: E402  (beside this script)
+from rounds import MODEL_FLOATS, job_archive  # noqa: E402  (beside this script)
+from support import load_average, write_results  # noqa: E402
 
 NVFLARE = "2.9.0"  # the newest release at the time of writing; installs on Python 3.11
 FLARE_VENV = ROOT / "build" / "flare-venv"
-MODEL_FLOATS = 256 * 1024  # 1 MiB of float32
 SAMPLE_S = 0.1
 TIMEOUT_S = 600.0
-
-FEDHIVE_TRAINER = '''
-from fedhive.fl.dxo import DataKind, Dxo, MetaKey
-
-
-class Trainer:
-    def execute(self, task):
-        model = task.load()
-        updated = {name: value + 1 for name, value in model.data.items()}
-        return Dxo(DataKind.WEIGHTS, updated, {MetaKey.NUM_STEPS_CURRENT_ROUND: 1})
-'''
 
 # FLARE's NPTrainer also saves the local model every round and NPModelPersistor's initial model
 # is 3x3 (or a JSON list): these are the same trainer and model as fedhive's side.
@@ -96,31 +85,6 @@ def write_files(folder: Path, files: dict[str, str]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return folder
-
-
-def fedhive_job(folder: Path, sites: int, rounds: int) -> Path:
-    server = {
-        "components": [
-            {"id": "persistor", "path": "fedhive.fl.persistors.NumpyModelPersistor",
-             "args": {"initial": {"w": [0.0] * MODEL_FLOATS}}},
-            {"id": "aggregator",
-             "path": "fedhive.fl.aggregators.InTimeAccumulateWeightedAggregator"},
-            {"id": "shareable_generator",
-             "path": "fedhive.fl.shareables.FullModelShareableGenerator"},
-        ],
-        "workflows": [{"id": "sag", "path": "fedhive.fl.workflows.ScatterAndGather", "args": {
-            "min_clients": sites, "num_rounds": rounds,
-            "wait_time_after_min_received": 0, "persistor_id": "persistor"}}],
-    }
-    client = {"executors": [{"tasks": ["train"],
-                             "executor": {"path": "trainer.Trainer", "args": {}}}]}
-    return write_files(folder, {
-        "meta.json": json.dumps({"name": "simulate-bench", "min_clients": sites,
-                                 "deploy_map": {"app": ["@ALL"]}}),
-        "app/config/config_fed_server.json": json.dumps(server),
-        "app/config/config_fed_client.json": json.dumps(client),
-        "app/custom/trainer.py": FEDHIVE_TRAINER,
-    })
 
 
 def flare_job(folder: Path, sites: int, rounds: int, poll_s: float | None) -> Path:
@@ -219,7 +183,8 @@ def per_round(ends: list[float], rounds: int) -> float:
 
 
 def run_fedhive(tmp: Path, sites: int, rounds: int) -> dict[str, float]:
-    job = fedhive_job(tmp / "fedhive-job", sites, rounds)
+    job = tmp / "fedhive-job.zip"  # bench/rounds.py's job, on sites site-1..N
+    job.write_bytes(job_archive([f"site-{n}" for n in range(1, sites + 1)], rounds))
     fedhive = Path(sys.executable).parent / "fedhive"
     wall, peak, stdout = run_measured(
         [str(fedhive), "simulate", str(job), "-n", str(sites), "-t", str(sites),

@@ -6,8 +6,9 @@ at scale).
 A thread runs the client-job module's `run_in_thread(args, env=, cwd=, log_file=, abort=)`,
 which does what the module's process does and returns its exit code. Threads share what a
 process would have of its own: the environment (a resource consumer's variables are reported,
-not applied), signals, and a stop that cannot be forced: `stop` sets the thread's abort event
-and waits the grace period, but a task that never looks at it keeps its thread.
+not applied), signals, imported modules (jobs whose `custom/` modules share a name run the
+first one's), and a stop that cannot be forced: `stop` sets the thread's abort event and waits
+the grace period, but a task that never looks at it keeps its thread.
 """
 
 from __future__ import annotations

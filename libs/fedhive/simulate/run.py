@@ -98,7 +98,6 @@ class _Site:
     name: str
     app_dir: Path
     bus: MemoryBus
-    ended: str = ""  # why its client job ended with an error, if it did
     thread: threading.Thread | None = field(default=None, repr=False)
 
 
@@ -107,18 +106,19 @@ def simulate(source: Path, options: Options, *, abort: threading.Event | None = 
     """Run the job at `source` (a folder or zip) to its end; the final record and where its
     files are. Raises `InvalidArgument` (an invalid job, sites that do not fit it) before
     anything is written; `abort` ends the run early (FINISHED:ABORTED)."""
+    settings = Settings.from_env()  # the namespace, inline threshold, log level
     definition = load_job(source)
     sites = plan(definition, num_sites=options.num_sites, names=options.sites)
     job_id = str(uuid.uuid4())
     folder = options.workspace.resolve() / job_id
     folder.mkdir(parents=True)
-    return Simulation(definition, sites, job_id, folder, options, abort or threading.Event(),
-                      on_round).run()
+    return Simulation(definition, sites, job_id, folder, options, settings,
+                      abort or threading.Event(), on_round).run()
 
 
 class Simulation:
     def __init__(self, definition: JobDefinition, plan: Plan, job_id: str, folder: Path,
-                 options: Options, abort: threading.Event,
+                 options: Options, settings: Settings, abort: threading.Event,
                  on_round: Callable[[RoundReport], None] | None) -> None:
         self.definition = definition
         self.plan = plan
@@ -126,7 +126,7 @@ class Simulation:
         self.folder = folder
         self.abort = abort
         self.on_round = on_round
-        self.settings = Settings.from_env()
+        self.settings = settings
         self.names = Names(self.settings.namespace)
         self.state = MemoryStateStore()
         self.broker = MemoryBroker()
@@ -138,9 +138,15 @@ class Simulation:
                              context={"job_id": job_id})
 
     def run(self) -> Simulated:
+        try:
+            return self._simulate()
+        finally:
+            self._log_file.close()
+
+    def _simulate(self) -> Simulated:
         definition, job_id = self.definition, self.job_id
         definition.to_zip(self.folder / "job.zip")
-        self.state.create_job(job_id, definition.meta, Submitter(getpass.getuser()),
+        self.state.create_job(job_id, definition.meta, Submitter(_user()),
                               archive_key="job.zip")
         apps = {where: self._install(where, app) for where, app in self.plan.apps.items()}
         self._status(JobStatus.SUBMITTED, JobStatus.DISPATCHED, "simulated",
@@ -161,7 +167,6 @@ class Simulation:
                 os.environ.pop(name, None)
         record = self._finish(outcome, gone)
         self.log.info("simulate.ended", status=record.status.value)
-        self._log_file.close()
         return Simulated(record, self.folder, self.plan.sites)
 
     def _environment(self) -> dict[str, str]:
@@ -240,7 +245,6 @@ class Simulation:
             executors = Executors.load(site.app_dir)
         except ComponentError as err:
             log.error("client_job.bad_executor_config", error=str(err))
-            site.ended = f"client job exited with code 1: {err}"
             site.bus.send(route, task_pb2.WorkerExit(job_id=self.job_id, site=site.name,
                                                      error=str(err)))
             return
@@ -251,11 +255,11 @@ class Simulation:
         try:
             worker.run()
         except Exception as err:  # FedhiveError or a bug: either way the site is out
-            site.ended = f"client job exited with code 1: {one_line(err)}"
-            log.error("client_job.failed", error=site.ended, exc_info=True)
+            why = f"client job exited with code 1: {one_line(err)}"  # as the runner says it
+            log.error("client_job.failed", error=why, exc_info=True)
             try:
                 services.send(self.names.job_server_queue(self.job_id), runner_pb2.SiteGone(
-                    job_id=self.job_id, site=site.name, reason=site.ended))
+                    job_id=self.job_id, site=site.name, reason=why))
             except FedhiveError as gone_err:  # the server side ended already
                 log.info("simulate.site_gone_unsent", error=str(gone_err))
 
@@ -308,6 +312,14 @@ class Simulation:
         (self.folder / "meta.json").write_text(
             json.dumps(job_json(record, record.end_time_ms or 0), indent=2) + "\n")
         return record
+
+
+def _user() -> str:
+    """Who runs the simulation: the job's submitter."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container user with no name
+        return "simulator"
 
 
 def _taking_turns(executors: Executors, turns: threading.BoundedSemaphore) -> Executors:

@@ -82,6 +82,13 @@ def assert_nothing_left(poc: Poc, before: set[int]) -> None:
     assert not set(poc.sites) & broker_users()
 
 
+def _default_sigint() -> None:
+    """As a terminal's foreground command has it: a test run started in the background by a
+    non-interactive shell inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Running:
     """A CLI command in a process group of its own, as a shell runs it (a Ctrl-C at the
     terminal reaches the whole group); stdout read line by line while it runs."""
@@ -90,7 +97,7 @@ class Running:
         self._stderr = stderr.open("w+")
         self.proc = subprocess.Popen([FEDHIVE, *args], env={**env, "PYTHONUNBUFFERED": "1"},
                                      stdout=subprocess.PIPE, stderr=self._stderr, text=True,
-                                     process_group=0)
+                                     process_group=0, preexec_fn=_default_sigint)
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._ended = False  # the reader's end mark was taken
         self.stdout: list[str] = []

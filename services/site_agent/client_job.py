@@ -120,12 +120,13 @@ def report(job: ClientJob, args: argparse.Namespace, bus: RabbitBus,
     job.log.info("client_job.reported", resource_env=facts["resource_env"])
 
 
-def run(args: argparse.Namespace) -> ClientJob:
-    """Step 1 alone (the report), on a connection of its own."""
-    job = prepare(args)
+def run(args: argparse.Namespace, *, environ: Mapping[str, str] | None = None,
+        app_dir: Path | None = None, log_stream: TextIO | None = None) -> ClientJob:
+    """Step 1 alone (the report), on a connection of its own (`prepare`'s options)."""
+    job = prepare(args, environ=environ, app_dir=app_dir, log_stream=log_stream)
     bus = RabbitBus(job.settings, name=f"client-job.{job.job_id}", site=True)
     try:
-        report(job, args, bus)
+        report(job, args, bus, environ)
     finally:
         bus.close()
     return job

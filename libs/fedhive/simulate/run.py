@@ -84,9 +84,8 @@ class Options:
 
 @dataclass(frozen=True)
 class Simulated:
-    record: JobRecord
+    record: JobRecord  # its `sites`: the simulated sites
     folder: Path  # WORKSPACE/<job_id>
-    sites: list[str]
 
     @property
     def completed(self) -> bool:
@@ -167,7 +166,7 @@ class Simulation:
                 os.environ.pop(name, None)
         record = self._finish(outcome, gone)
         self.log.info("simulate.ended", status=record.status.value)
-        return Simulated(record, self.folder, self.plan.sites)
+        return Simulated(record, self.folder)
 
     def _environment(self) -> dict[str, str]:
         """What the run adds to the environment trainers inherit: the number of sites and,

@@ -44,6 +44,9 @@ DEFAULT_HEARTBEAT = 30  # seconds; handlers run off the I/O thread, so no need t
 _transport = pika.adapters.utils.io_services_utils._AsyncTransportBase
 _transport._MAX_RECV_BYTES = 128 * 1024
 _transport._MAX_CONSUME_BYTES = 1024 * 1024  # per I/O event, before other events get a turn
+# pika's ValueError when the broker closed the socket between its connect and the transport's
+# set-up (a broker shutting down or restarting): a failed attempt like any other.
+_RESET_WHILE_CONNECTING = "Expected connected socket, but getpeername() failed"
 RECONNECT = Backoff(base=0.2, cap=5.0, max_attempts=None, deadline=None)
 
 
@@ -104,7 +107,9 @@ def connect(
     while True:
         try:
             return pika.BlockingConnection(params)
-        except (pika.exceptions.AMQPConnectionError, OSError) as err:
+        except (pika.exceptions.AMQPConnectionError, OSError, ValueError) as err:
+            if isinstance(err, ValueError) and not str(err).startswith(_RESET_WHILE_CONNECTING):
+                raise
             if (refusal := _tls_refusal(err)) is not None:
                 raise ConfigError(f"RabbitMQ at {params.host}:{params.port}: {refusal}",
                                   field="amqp_url") from None

@@ -1,6 +1,8 @@
 """Blobs: the store port and its adapters (S3; local disk for runs without S3), presigned-URL
 access and the tensor codec (DESIGN §5)."""
 
+from typing import TYPE_CHECKING, Any
+
 from fedhive.blobs.cache import TensorCache
 from fedhive.blobs.codec import PackStats, TensorCodec, inline_budget_for, inline_refs
 from fedhive.blobs.dtypes import DTYPES, bfloat16_bits_to_float32
@@ -17,7 +19,6 @@ from fedhive.blobs.port import (
     UrlPreparer,
 )
 from fedhive.blobs.ref import TensorKind, TensorRef
-from fedhive.blobs.s3 import S3BlobStore
 from fedhive.blobs.serde import (
     add_ref,
     bundle_from_proto,
@@ -27,6 +28,19 @@ from fedhive.blobs.serde import (
 )
 from fedhive.blobs.unpack import unpack
 from fedhive.blobs.upload import PresignedUploader
+
+if TYPE_CHECKING:
+    from fedhive.blobs.s3 import S3BlobStore
+
+
+def __getattr__(name: str) -> Any:
+    """`S3BlobStore` is imported when first named: boto3 costs ~0.1 s of every process start,
+    and trainers and site agents reach S3 only through presigned URLs."""
+    if name == "S3BlobStore":
+        from fedhive.blobs.s3 import S3BlobStore
+
+        return S3BlobStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "DTYPES",

@@ -80,14 +80,20 @@ class TaskManager:
         self._clock = clock
         self._log = log if log is not None else structlog.get_logger("fedhive.fl.tasks")
         self._check_period = check_period
-        self._cond = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # every change: the controller's waits
+        # one per site, on the same lock: a change that concerns one site wakes its long polls
+        # only (every result waking every waiting site cost sites^2 wake-ups a round)
+        self._site_conds = {site: threading.Condition(lock) for site in self._sites}
         self._entries: dict[str, _Entry] = {}  # task id -> entry, in scheduling order
         self._live: dict[str, ClientTask] = {}  # assignment id -> assignment of a standing task
         self._retired: OrderedDict[str, tuple[str, str, str]] = OrderedDict()  # id -> site, ...
         self._gone: dict[str, float] = {}
+        self._live_sites = frozenset(self._sites)  # the sites not gone
         self._ended = False
-        self._version = 0  # bumped on every change a waiting site may care about
-        self._seen: dict[str, int] = {}  # site -> version at its latest next_task
+        self._version = 0  # bumped on every change
+        self._versions = dict.fromkeys(self._sites, 0)  # site -> changes it may care about
+        self._seen: dict[str, int] = {}  # site -> its version at its latest next_task
         self._in_callback = threading.local()  # .tasks: ids of tasks whose callback runs here
 
     # -- scheduling -------------------------------------------------------------------------
@@ -158,8 +164,8 @@ class TaskManager:
                 return _END_RUN
             picked = self._pick(site)
             if picked is not None:
-                self._changed()
-            self._seen[site] = self._version
+                self._changed(site)  # a send opens no other site's turn
+            self._seen[site] = self._versions[site]
             if picked is None:
                 return _TRY_AGAIN
             entry, client_task = picked
@@ -222,7 +228,7 @@ class TaskManager:
             self._call(task, task.result_received_cb, client_task, "result_received_cb")
             with self._cond:
                 client_task.result_received_time = self._clock()
-                self._changed()
+                self._changed(None if entry.rule.results_open_turns else site)
         self._log.info("task.result_received", task=task.name, task_id=task_id, site=site,
                        return_code=result.return_code)
         self.check()
@@ -317,6 +323,7 @@ class TaskManager:
             if site not in self._sites or site in self._gone:
                 return
             self._gone[site] = self._clock()
+            self._live_sites = self._live_sites - {site}
             self._changed()
         self._log.warning("task.site_gone", site=site)
         self.check()
@@ -352,8 +359,13 @@ class TaskManager:
         site's latest next_task returns at once. Turns that open only as time passes (send and
         relay assignment timeouts) are seen at the next poll."""
         with self._cond:
-            since = self._seen.get(site, self._version) if site is not None else self._version
-            return self._cond.wait_for(lambda: self._version != since, timeout)
+            if site is None:
+                since = self._version
+                return self._cond.wait_for(lambda: self._version != since, timeout)
+            self._require_site(site)
+            since = self._seen.get(site, self._versions[site])
+            return self._site_conds[site].wait_for(lambda: self._versions[site] != since,
+                                                   timeout)
 
     # -- views ------------------------------------------------------------------------------
 
@@ -369,12 +381,16 @@ class TaskManager:
     # -- helpers ----------------------------------------------------------------------------
 
     def _env(self) -> Env:
-        live = frozenset(site for site in self._sites if site not in self._gone)
-        return Env(self._clock(), dict(self._gone), live)
+        return Env(self._clock(), dict(self._gone), self._live_sites)
 
-    def _changed(self) -> None:
+    def _changed(self, site: str | None = None) -> None:
+        """Under the lock: wake the controller's waits, and the long polls of every site, or
+        with `site` of that site alone."""
         self._version += 1
         self._cond.notify_all()
+        for name in self._sites if site is None else (site,):
+            self._versions[name] += 1
+            self._site_conds[name].notify_all()
 
     def _require_site(self, site: str) -> None:
         if site not in self._sites:

@@ -17,6 +17,7 @@ a broadcast stops waiting for them, and a task that no live site can finish ends
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,6 +39,9 @@ class Env:
 
 class Rule:
     shared_snapshot = False  # True: every site gets the data as it was at the first send
+    # Whether one site's result can open another site's turn (the next in a relay): when not,
+    # a result wakes none of the other sites' long polls.
+    results_open_turns = True
 
     def check_send(self, task: Task, site: str, env: Env) -> Decision:
         raise NotImplementedError
@@ -49,19 +53,21 @@ class Rule:
         return True
 
 
-def _answered(task: Task, site: str) -> int:
-    """How many of `site`'s assignments of this task were answered."""
-    return sum(1 for ct in task.client_tasks
-               if ct.site == site and ct.result_received_time is not None)
+def _answered(task: Task) -> Counter[str]:
+    """site -> how many of its assignments of this task were answered (one pass: a rule asking
+    per target would cost targets x assignments on every result)."""
+    return Counter(ct.site for ct in task.client_tasks if ct.result_received_time is not None)
 
 
 def _all_lacking_gone(task: Task, env: Env) -> bool:
     """Every target still lacking a result is gone (FLARE's dead-client rule)."""
-    return all(site in env.gone for site in task.targets if not _answered(task, site))
+    answered = _answered(task)
+    return all(site in env.gone for site in task.targets if not answered[site])
 
 
 class BroadcastRule(Rule):
     shared_snapshot = True
+    results_open_turns = False
 
     def __init__(self, min_responses: int, wait_time_after_min_received: float) -> None:
         self.min_responses = min_responses
@@ -77,13 +83,13 @@ class BroadcastRule(Rule):
         targets = task.targets
         if not targets:
             return CompletionStatus.CLIENT_DEAD  # nobody can ever answer
-        responded = sum(1 for site in targets if _answered(task, site))
+        answered = _answered(task)
+        responded = sum(1 for site in targets if answered[site])
         if responded >= len(targets):
             return CompletionStatus.OK
         # min_responses 0 means all; more than the targets (a snapshot) also waits for all
         need = len(targets) if not 0 < self.min_responses <= len(targets) else self.min_responses
-        waiting_for = [site for site in targets if not _answered(task, site)
-                       and site not in env.gone]
+        waiting_for = [site for site in targets if not answered[site] and site not in env.gone]
         if responded + len(waiting_for) < need:
             return CompletionStatus.CLIENT_DEAD  # the minimum can no longer be met
         if not waiting_for:
@@ -216,7 +222,7 @@ class AnyRelayRule(_RelayRule):
 
     def check_send(self, task: Task, site: str, env: Env) -> Decision:
         self._join(task, site)
-        if site not in task.targets or _answered(task, site) >= task.targets.count(site):
+        if site not in task.targets or _answered(task)[site] >= task.targets.count(site):
             return Decision.NO_BLOCK
         if task.client_tasks and self._released_at(task.client_tasks[-1], env) is None:
             return Decision.BLOCK  # one site at a time
@@ -227,7 +233,8 @@ class AnyRelayRule(_RelayRule):
             return None if env.live_sites else CompletionStatus.CLIENT_DEAD
         if task.client_tasks and self._released_at(task.client_tasks[-1], env) is None:
             return None
-        if any(_answered(task, site) < task.targets.count(site)
+        answered = _answered(task)
+        if any(answered[site] < task.targets.count(site)
                for site in set(task.targets) if site not in env.gone):
             return None
         if any(ct.result_received_time is not None for ct in task.client_tasks):

@@ -163,6 +163,33 @@ def test_wait_for_work_for_a_site_sees_changes_since_its_last_request(tm: TaskMa
     assert tm.wait_for_work(0, site="a") is False
 
 
+def test_a_broadcast_result_wakes_no_other_sites_long_poll(tm: TaskManager) -> None:
+    """Another site's result gives a waiting site nothing new: it is not woken (every result
+    waking every waiting site cost sites^2 wake-ups a round)."""
+    tm.broadcast(make_task(), min_responses=3)
+    a, _ = take(tm, "a"), take(tm, "b")
+    answer(tm, a)
+    assert tm.wait_for_work(0, site="b") is False
+
+
+def test_a_relay_result_wakes_the_site_whose_turn_it_opens(tm: TaskManager) -> None:
+    tm.relay(make_task(), ["a", "b"])
+    a = take(tm, "a")
+    nothing_for(tm, "b")  # not its turn yet
+    assert tm.wait_for_work(0, site="b") is False
+    answer(tm, a)
+    assert tm.wait_for_work(0, site="b") is True
+    assert take(tm, "b").task.name == "train"
+
+
+def test_a_site_gone_wakes_every_site(tm: TaskManager) -> None:
+    tm.broadcast(make_task())
+    take(tm, "a"), take(tm, "b")
+    tm.site_gone("c")
+    assert tm.wait_for_work(0, site="a") is True
+    assert tm.wait_for_work(0, site="b") is True
+
+
 def test_a_task_scheduled_after_end_run_is_cancelled_at_once(tm: TaskManager) -> None:
     tm.end_run()
     task = make_task()

@@ -1,20 +1,24 @@
 """Benchmark: FedAvg rounds with many sites, on the real services, the sites light.
 
-The job-store, scheduler and job-runner as in bench/rounds.py, and ONE light-site host process
-(`fedhive-site-agent host`) for all N sites: each its own broker user, control queue and
-heartbeats every 5 s, its client job a thread of the host (the runner's sync timeout raised to
-SYNC_TIMEOUT_S: N deploys and starts share one process). One job per N: ScatterAndGather over
-a 1 MiB float32 model (inline in the messages), `--rounds` rounds, min_clients = N, a trainer
-that adds 1. For each N:
+The job-store, scheduler and job-runner as in bench/rounds.py, a RabbitMQ node of the bench's own
+(`tests.fixtures.private_infra.PrivateBroker`: it inherits this process's file-descriptor limit,
+where the machine's shared node allows 927 connections, fewer than 300 light sites hold), and
+light-site host processes (`fedhive-site-agent host`) of at most HOST_SITES sites each: every
+site its own broker user, control queue and heartbeats every 5 s, its client job a thread of its
+host (the runner's sync timeout raised to SYNC_TIMEOUT_S: a host's deploys and starts share one
+process; one host of 300 sites, ~3,600 threads, missed it on this 2-core machine). One job
+per N: ScatterAndGather over a 1 MiB float32 model (inline in the messages), `--rounds` rounds,
+min_clients = N, a trainer that adds 1. For each N:
 
 * `round_s`: (the last round's report - the first's) / (rounds - 1); the first round also holds
   the client jobs' start-up;
 * `sj_cpu_ms_per_result`: the server job's CPU time (user + system) between those two reports,
   divided by the results those rounds took in (N x (rounds - 1));
-* `host_rss_mib`: the host's peak RSS while the job ran; `mib_per_site` the slope between the
-  smallest and the largest N (what one more light site costs).
+* `host_rss_mib`: the hosts' peak RSS (summed) while the job ran; `mib_per_site` the slope
+  between the smallest and the largest N (what one more light site costs, a host's own ~55 MiB
+  included once per HOST_SITES sites).
 
-    .venv/bin/python bench/scale.py [--rounds 5] [--sites 8 32 100]
+    .venv/bin/python bench/scale.py [--rounds 5] [--sites 8 32 100 300]
 
 Prints JSON and writes bench/results/scale.json (keys `round_s_<n>_sites`,
 `sj_cpu_ms_per_result_<n>_sites`, and `round_s_100_sites`, `round_s_300_sites`,
@@ -24,6 +28,7 @@ Prints JSON and writes bench/results/scale.json (keys `round_s_<n>_sites`,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -58,19 +63,21 @@ from tests.fixtures.gateway import clean_namespace  # noqa: E402
 from tests.fixtures.infra import stop_process, wait_for  # noqa: E402
 from tests.fixtures.job_runner import RunnerProcess  # noqa: E402
 from tests.fixtures.job_store import JobStoreProcess, stage  # noqa: E402
+from tests.fixtures.private_infra import PrivateBroker  # noqa: E402
 from tests.fixtures.site_agent import SiteUsers, start_host, storage_url, write_site  # noqa: E402
 
 MiB = 1024 * 1024
 SAMPLE_S = 0.05
 SYNC_TIMEOUT_S = 120
+HOST_SITES = 100
 
 
 class Watch:
-    """Samples, every SAMPLE_S, the host's RSS and the server job's CPU time at each new round
+    """Samples, every SAMPLE_S, the hosts' RSS and the server job's CPU time at each new round
     its workspace's metrics.json shows (the server job is found by its working directory)."""
 
-    def __init__(self, host: psutil.Process, runner: RunnerProcess) -> None:
-        self._host = host
+    def __init__(self, hosts: list[psutil.Process], runner: RunnerProcess) -> None:
+        self._hosts = hosts
         self._runner = runner
         self.peak_rss = 0
         self.cpu_at_round: dict[int, float] = {}  # rounds reported -> SJ CPU seconds then
@@ -86,7 +93,7 @@ class Watch:
     def _run(self) -> None:
         server_job: psutil.Process | None = None
         while not self._stop.wait(SAMPLE_S):
-            self.peak_rss = max(self.peak_rss, self._host.memory_info().rss)
+            self.peak_rss = max(self.peak_rss, rss(self._hosts))
             if not self.job_id:
                 continue
             workspace = self._runner.workspace(self.job_id)
@@ -99,6 +106,22 @@ class Watch:
             except (psutil.Error, OSError, ValueError, KeyError):
                 continue  # not written yet, being rewritten, or the job is over
             self.cpu_at_round.setdefault(reported, cpu)
+
+
+def rss(processes: list[psutil.Process]) -> int:
+    return sum(process.memory_info().rss for process in processes)
+
+
+def start_hosts(site_dirs: list[Path], root: Path, stack: ExitStack,
+                per_host: int = HOST_SITES) -> list[psutil.Process]:
+    """Light-site hosts of at most `per_host` of `site_dirs` each (logs `root`/host-<n>.log),
+    stopped by `stack`."""
+    hosts = []
+    for n, start in enumerate(range(0, len(site_dirs), per_host)):
+        host = start_host(site_dirs[start:start + per_host], root / f"host-{n}.log")
+        stack.callback(stop_process, host)
+        hosts.append(psutil.Process(host.pid))
+    return hosts
 
 
 def _process_in(cwd: str) -> psutil.Process | None:
@@ -114,19 +137,20 @@ def run_sites(count: int, rounds: int) -> dict[str, Any]:
     with bench_settings(namespace) as (settings, s3), tempfile.TemporaryDirectory() as tmp, \
             ExitStack() as stack:
         root = Path(tmp)
+        broker = stack.enter_context(PrivateBroker(root / "broker"))
+        settings = dataclasses.replace(settings, amqp_url=broker.amqp_url)
         # All N client jobs start in one process on 2 shared cores: their start replies take
         # longer than a site of its own takes (the default sync timeout is 10 s).
         services = start_services(settings, root, stack, "--site-ttl", str(3 * HEARTBEAT_S),
                                   "--sync-timeout", str(SYNC_TIMEOUT_S))
         bus, state, blobs, runner = services.bus, services.state, services.blobs, services.runner
-        host = start_host(write_sites(settings, root, sites, bus.user, stack),
-                          root / "site-host.log")
-        stack.callback(stop_process, host)
+        hosts = start_hosts(write_sites(settings, root, sites, bus.user, stack, broker.ctl),
+                            root, stack)
         wait_for(lambda: len(state.online_sites()) == count, timeout=60 + count / 5,
                  what=f"{count} sites online")
-        idle_rss = psutil.Process(host.pid).memory_info().rss
+        idle_rss = rss(hosts)
         stack.callback(stop_process, start_scheduler(settings, root / "scheduler.log", 1))
-        watch = Watch(psutil.Process(host.pid), runner)
+        watch = Watch(hosts, runner)
         stack.callback(watch.close)
         watch.job_id = submit(bus, Names(namespace), stage(blobs, Names(namespace),
                                                            job_archive(sites, rounds)))
@@ -175,9 +199,9 @@ def start_services(settings: Settings, root: Path, stack: ExitStack,
 
 
 def write_sites(settings: Settings, root: Path, sites: list[str], services_user: str,
-                stack: ExitStack) -> list[Path]:
-    """The sites' folders, each with a broker user of its own (made in one rabbitmqctl call)."""
-    users = SiteUsers(settings)
+                stack: ExitStack, ctl: tuple[str, ...] = SiteUsers.CTL) -> list[Path]:
+    """The sites' folders, each with a broker user of its own (made in one `ctl` call)."""
+    users = SiteUsers(settings, ctl)
     stack.callback(users.close)
     urls = users.url(*sites)
     where = storage_url(settings)
@@ -190,9 +214,7 @@ def write_sites(settings: Settings, root: Path, sites: list[str], services_user:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
-    # 300 light sites need a broker allowing more than ~1,000 connections (file descriptors):
-    # this machine's RabbitMQ allows 927 (bench/RESULTS.md)
-    parser.add_argument("--sites", type=int, nargs="+", default=[8, 32, 100])
+    parser.add_argument("--sites", type=int, nargs="+", default=[8, 32, 100, 300])
     parser.add_argument("--output", type=Path, default=ROOT / "bench/results/scale.json")
     args = parser.parse_args()
     configure("bench-scale", level="WARNING")  # logs to stderr: stdout is the JSON result

@@ -355,9 +355,11 @@ class TaskManager:
 
     def wait_for_work(self, timeout: float, site: str | None = None) -> bool:
         """For long polls: wait until a task is scheduled, sent, answered or completed, a site
-        goes or the run ends (True), or until `timeout` (False). With `site`, a change since that
-        site's latest next_task returns at once. Turns that open only as time passes (send and
-        relay assignment timeouts) are seen at the next poll."""
+        goes or the run ends (True), or until `timeout` (False). With `site`, only changes that
+        concern it count (not another site's send, nor its result under a rule where results
+        open no turns), and one since the site's latest next_task returns at once. Turns that
+        open only as time passes (send and relay assignment timeouts) are seen at the next
+        poll."""
         with self._cond:
             if site is None:
                 since = self._version

@@ -1,11 +1,13 @@
 """`fedhive.bus.connection.connect`: which failures of pika's connect are retried."""
 
+import ssl
 from typing import Any
 
 import pika
 import pytest
 
 from fedhive.bus import connection
+from fedhive.errors import ConfigError
 from fedhive.retry import Backoff
 
 PARAMS = pika.URLParameters("amqp://guest:guest@127.0.0.1:5672/%2F")
@@ -40,5 +42,17 @@ def test_any_other_value_error_is_not_a_connection_failure(
         monkeypatch: pytest.MonkeyPatch) -> None:
     calls = failing_then_connected(monkeypatch, ValueError("bad frame_max"))
     with pytest.raises(ValueError, match="bad frame_max"):
+        connection.connect(PARAMS, FAST)
+    assert len(calls) == 1
+
+
+def test_a_certificate_that_does_not_verify_is_refused_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # ssl's verification error is a ValueError too: it must still reach the TLS refusal
+    refused = ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate "
+                                              "verify failed: self-signed certificate")
+    refused.verify_message = "self-signed certificate"
+    calls = failing_then_connected(monkeypatch, refused)
+    with pytest.raises(ConfigError, match="its TLS certificate is refused"):
         connection.connect(PARAMS, FAST)
     assert len(calls) == 1

@@ -108,8 +108,9 @@ def connect(
         try:
             return pika.BlockingConnection(params)
         except (pika.exceptions.AMQPConnectionError, OSError, ValueError) as err:
-            if isinstance(err, ValueError) and not str(err).startswith(_RESET_WHILE_CONNECTING):
-                raise
+            if not isinstance(err, pika.exceptions.AMQPConnectionError | OSError) \
+                    and not str(err).startswith(_RESET_WHILE_CONNECTING):
+                raise  # a ValueError of another kind (ssl's verification errors are OSErrors)
             if (refusal := _tls_refusal(err)) is not None:
                 raise ConfigError(f"RabbitMQ at {params.host}:{params.port}: {refusal}",
                                   field="amqp_url") from None

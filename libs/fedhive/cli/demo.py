@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import psutil
 import typer
@@ -63,10 +63,12 @@ from fedhive.poc.demo import (
     save_result,
 )
 from fedhive.poc.layout import PocLayout
-from fedhive.poc.start import PocOptions
 from fedhive.poc.status import cli_token, poc_status
 from fedhive.poc.stop import shielded, stop_poc
 from fedhive.sdk import Session
+
+if TYPE_CHECKING:  # loaded when the demo runs (as `fedhive poc start` does)
+    from fedhive.poc.start import PocOptions
 
 
 @dataclass
@@ -105,6 +107,8 @@ def demo(
     as_json: JsonOpt = False,
 ) -> None:
     """Start the system, run hello-numpy and hello-pt with live progress, summarise, stop it."""
+    from fedhive.poc.start import PocOptions
+
     began = psutil.Process().create_time()
     console = Console(stderr=as_json)  # with --json, stdout holds only the JSON
     settings = _settings()

@@ -17,7 +17,7 @@ import shlex
 import signal
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -28,9 +28,11 @@ from fedhive.cli.jobs import JsonOpt, _print_json
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError
 from fedhive.poc.layout import PocLayout
-from fedhive.poc.start import PocOptions, Started, start_poc
 from fedhive.poc.status import poc_status
 from fedhive.poc.stop import StopReport, stop_poc
+
+if TYPE_CHECKING:  # loaded by `start` only: S3, broker users and the services' commands are
+    from fedhive.poc.start import PocOptions, Started  # not every command's start-up cost
 
 app = typer.Typer(help="Run the whole system on this machine (proof of concept).",
                   no_args_is_help=True)
@@ -80,6 +82,8 @@ def start(
     as_json: JsonOpt = False,
 ) -> None:
     """Start RabbitMQ and Redis if needed, an S3 server, the services and the site agents."""
+    from fedhive.poc.start import PocOptions
+
     options = PocOptions(directory, sites, site_prefix, namespace, port, timeout,
                          tuple(shlex.split(rabbitmqctl)))
     interrupt_on_sigterm()
@@ -93,6 +97,8 @@ def start(
 def run_start(options: PocOptions, settings: Settings, *, progress_to_stderr: bool = False
               ) -> Started:
     """`start_poc` with progress on stdout (or stderr) and failures as one line on stderr."""
+    from fedhive.poc.start import start_poc
+
     try:
         return start_poc(options, settings,
                          say=lambda line: typer.echo(f"poc: {line}", err=progress_to_stderr))

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -24,10 +24,11 @@ from fedhive.cli.exits import Exit, fail
 from fedhive.cli.render import job_json
 from fedhive.cli.watch import round_line
 from fedhive.errors import FedhiveError
-from fedhive.fl.workflow import RoundReport
 from fedhive.jobs.metrics import RoundMetrics
-from fedhive.simulate import Options, Simulated
-from fedhive.simulate import simulate as run_simulation
+
+if TYPE_CHECKING:  # the FL runtime (numpy, the workflows) loads when a simulation runs, not
+    from fedhive.fl.workflow import RoundReport  # for every `fedhive` command
+    from fedhive.simulate import Simulated
 
 _FILES = ("job.zip", "result.zip", "meta.json")
 
@@ -51,6 +52,9 @@ def simulate(
 ) -> None:
     """Run a job on simulated sites in this process (no broker, Redis or S3): the job's own
     workflows, executors and trainers, the quickest way to develop a job."""
+    from fedhive.simulate import Options
+    from fedhive.simulate import simulate as run_simulation
+
     names = tuple(name.strip() for name in sites.split(",") if name.strip())
     options = Options(num_sites=num_sites, sites=names, threads=threads, workspace=workspace,
                       log_level=log_level.upper())

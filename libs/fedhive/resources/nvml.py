@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import pynvml
-
 
 class GpuDevices(Protocol):
     def device_count(self) -> int: ...
@@ -34,31 +32,33 @@ class NvmlDevices:
 
     def device_count(self) -> int:
         self._init()
-        return int(self._call(pynvml.nvmlDeviceGetCount))
+        return int(self._call("nvmlDeviceGetCount"))
 
     def memory_total_bytes(self, index: int) -> int:
         self._init()
-        handle = self._call(pynvml.nvmlDeviceGetHandleByIndex, index)
-        return int(self._call(pynvml.nvmlDeviceGetMemoryInfo, handle).total)
+        handle = self._call("nvmlDeviceGetHandleByIndex", index)
+        return int(self._call("nvmlDeviceGetMemoryInfo", handle).total)
 
     def memory_free_bytes(self, index: int) -> int:
         self._init()
-        handle = self._call(pynvml.nvmlDeviceGetHandleByIndex, index)
-        return int(self._call(pynvml.nvmlDeviceGetMemoryInfo, handle).free)
+        handle = self._call("nvmlDeviceGetHandleByIndex", index)
+        return int(self._call("nvmlDeviceGetMemoryInfo", handle).free)
 
     def close(self) -> None:
         if self._initialised:
             self._initialised = False
-            self._call(pynvml.nvmlShutdown)
+            self._call("nvmlShutdown")
 
     def _init(self) -> None:
         if not self._initialised:
-            self._call(pynvml.nvmlInit)
+            self._call("nvmlInit")
             self._initialised = True
 
     @staticmethod
-    def _call(function: Any, *args: Any) -> Any:
+    def _call(name: str, *args: Any) -> Any:
+        import pynvml  # on first use: the many processes that never read a GPU skip its import
+
         try:
-            return function(*args)
+            return getattr(pynvml, name)(*args)
         except pynvml.NVMLError as err:
-            raise NvmlUnavailable(f"NVML {function.__name__} failed: {err}") from err
+            raise NvmlUnavailable(f"NVML {name} failed: {err}") from err

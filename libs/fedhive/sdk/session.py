@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 import grpc
 
 from fedhive.errors import RpcTimeout, Unavailable, Unroutable
-from fedhive.fl.dxo import Dxo
 from fedhive.jobs.definition import load_job
 from fedhive.jobs.limits import check_chosen_job_id, check_list_limit, check_submission_id
 from fedhive.jobs.metrics import RoundMetrics, round_from_proto
@@ -42,14 +41,6 @@ from fedhive.jobs.status import JobStatus
 from fedhive.proto.v1 import admin_pb2, admin_pb2_grpc, operation_pb2
 from fedhive.retry import Backoff
 from fedhive.sdk.logs import LogStream
-from fedhive.sdk.operations import (
-    OperationResult,
-    job_gone,
-    operation_job,
-    request_for,
-    run_until_done,
-    to_dxo,
-)
 from fedhive.sdk.status import from_grpc
 from fedhive.sites.heartbeat import SiteHeartbeat
 from fedhive.sites.serde import site_heartbeat_from_proto
@@ -284,6 +275,7 @@ class Session:
         """Submit a job that runs the operations its callers ask for (`call_operation`) on
         `sites` (default: the sites online now) with `site_app`; see
         `operations.operation_job`."""
+        from fedhive.sdk.operations import operation_job
 
         if not sites:
             sites = [site.name for site in self.sites() if site.online]
@@ -304,6 +296,7 @@ class Session:
         untouched) on the job's sites; returns the aggregate (`OperationResult`). Raises
         FailedPrecondition when it failed, was not picked up within `read_wait` seconds, took
         longer than `wait`, or the job ended."""
+        from fedhive.sdk.operations import request_for, run_until_done, to_dxo
 
         request = request_for(job_id, task_name, to_dxo(data, meta), method=method, op_id=op_id,
                               args={"aggregator": aggregator, "min_targets": min_targets,
@@ -313,7 +306,7 @@ class Session:
 
     def end_operation_job(self, job_id: str, *, read_wait: float = 10.0) -> None:
         """The job's caller is done: it ends FINISHED:COMPLETED."""
-        from fedhive.sdk.operations import end_request
+        from fedhive.sdk.operations import end_request, run_until_done
 
         request = end_request(job_id)
         run_until_done(self.run_operation, request, read_wait=read_wait,
@@ -336,6 +329,7 @@ class Session:
         return reply
 
     def _why_ended(self, job_id: str) -> str:
+        from fedhive.sdk.operations import job_gone
 
         record = self.get(job_id)
         return job_gone(record.status.value, record.status_reason)

@@ -1,0 +1,43 @@
+"""What a process loads before it does anything: every `fedhive` command and every script using
+the SDK pays for its imports on each start (the CLI's job commands ran in ~0.8 s, most of it
+numpy, boto3, redis and the FL runtime that only `simulate`, `poc start` and the operation API
+use). Checked in a fresh interpreter, by module name, never by time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+# Loaded on first use only: the FL runtime and numpy (simulate, the operation API), S3 and Redis
+# clients (poc start, simulate), the POC's launcher.
+HEAVY = ("numpy", "boto3", "botocore", "redis", "fedhive.fl", "fedhive.blobs", "fedhive.simulate",
+         "fedhive.poc.start", "fedhive.sdk.operations")
+
+
+def loaded_by(statement: str) -> set[str]:
+    code = f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    return set(json.loads(done.stdout))
+
+
+@pytest.mark.parametrize("statement", [
+    "import fedhive.cli.main",  # what every `fedhive` command imports before it runs
+    "from fedhive.sdk import Session",
+])
+def test_the_cli_and_the_sdk_start_without_the_heavy_parts(statement: str) -> None:
+    assert loaded_by(statement) & set(HEAVY) == set()
+
+
+def test_a_client_job_loads_no_admin_s3_redis_or_gpu_client() -> None:
+    # One starts per job and site; it reads no GPU (its agent did), talks to the broker only.
+    loaded = loaded_by("import fedhive_services.site_agent.client_job")
+    assert loaded & {"pynvml", "boto3", "redis", "grpc", "typer"} == set()
+
+
+def test_the_heavy_parts_load_when_a_command_needs_them() -> None:
+    loaded = loaded_by("import fedhive.cli.main\nfrom fedhive.simulate import simulate")
+    assert {"numpy", "fedhive.fl", "fedhive.simulate"} <= loaded

@@ -296,6 +296,42 @@ def test_default_codec_inlines_small_tensors_within_a_budget(
     assert all(np.array_equal(back[n], v) for n, v in model.items())
 
 
+def test_store_puts_inline_refs_at_their_content_keys_once(
+    blob_store: BlobStore, small_codec: TensorCodec, tensor_prefix: str
+) -> None:
+    """What a broadcast to many sites sends past its fan-out budget: each inline ref's bytes
+    stored once at its content key (no URL: the sender presigns); stored and empty refs kept."""
+    model = {"w": random_numpy("float32", SHAPES["inline"]),
+             "same": random_numpy("float32", SHAPES["inline"]),  # w's bytes: one object
+             "v": random_numpy("int8", SHAPES["inline"], 1),
+             "empty": np.zeros(0, dtype=np.float32),
+             "big": random_numpy("float32", SHAPES["stored"], 2)}
+    refs = small_codec.pack(model, tensor_prefix)
+    assert [ref.is_inline for ref in refs] == [True, True, True, True, False]
+    before = small_codec.stats.objects_uploaded
+    stored = small_codec.store(refs, tensor_prefix)
+    assert small_codec.stats.objects_uploaded == before + 2  # w (and same), v
+    for ref, was in zip(stored[:3], refs[:3], strict=True):
+        assert ref.key == content_key(tensor_prefix, was.checksum) and ref.url == ""
+        assert not ref.inline_data and ref.length == was.length
+    assert stored[3] == refs[3] and stored[4] == refs[4]
+    back = small_codec.unpack(stored)
+    for name, value in model.items():
+        assert_same(back[name], value)
+    small_codec.store(refs, tensor_prefix)  # the objects exist: nothing uploaded again
+    assert small_codec.stats.objects_uploaded == before + 2
+
+
+def test_store_refuses_inline_bytes_that_do_not_match_their_checksum(
+    blob_store: BlobStore, small_codec: TensorCodec, tensor_prefix: str
+) -> None:
+    (ref,) = small_codec.pack({"w": random_numpy("float32", SHAPES["inline"], 3)}, tensor_prefix)
+    forged = TensorRef(**{**ref.__dict__, "inline_data": b"\x00" * ref.length})
+    with pytest.raises(InvalidArgument, match=r"'w'.*checksum"):
+        small_codec.store([forged], tensor_prefix)
+    assert not blob_store.exists(content_key(tensor_prefix, ref.checksum))
+
+
 def test_keys_carry_the_content_hash(small_codec: TensorCodec, tensor_prefix: str) -> None:
     model = {f"t{i}": random_numpy("float32", (30, 40), i) for i in range(3)}
     refs = small_codec.pack(model, tensor_prefix)

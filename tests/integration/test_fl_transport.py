@@ -21,7 +21,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedhive.blobs import TensorKind, TensorRef, ref_to_proto
+from fedhive.blobs import (
+    PresignedFetcher,
+    TensorKind,
+    TensorRef,
+    content_key,
+    ref_from_proto,
+    ref_to_proto,
+    unpack,
+)
 from fedhive.blobs.keys import upload_key
 from fedhive.bus import Encoded, RabbitBus, Senders
 from fedhive.config import Settings
@@ -166,6 +174,41 @@ def test_a_broadcast_is_encoded_once_and_signed_again_near_expiry(job: Job) -> N
     ((second, _),) = assignments(short, "b")
     assert second.data.tensors[0].url != first.data.tensors[0].url
     assert second.data.tensors[0].url_expires_at_ms > first.data.tensors[0].url_expires_at_ms
+
+
+def test_a_broadcast_past_the_fan_out_budget_sends_its_inline_bytes_through_s3(
+        job: Job) -> None:
+    """A broadcast whose inline bytes, once per site, would pass the fan-out budget stores them
+    once at their content key and sends each site a presigned ref instead, which a site
+    reads without credentials; a send (one site) under the same budget keeps them inline."""
+    model = {"w": np.arange(16, dtype=np.float32), "ints": np.arange(4, dtype=np.int64)}
+    server = TaskServer(job.ctx, service_user=job.server._service_user,
+                        fan_out_budget=2 * 96 - 1)  # 96 inline bytes to each of two sites
+
+    def data(task: Task, letter: str) -> Any:
+        reply = server.get_task(job.site(letter), 0)
+        assert isinstance(reply, Encoded)
+        assignment = _A.FromString(reply.body)
+        assert assignment.task_id in {ct.id for ct in task.client_tasks}
+        return assignment.data
+
+    broadcast = Task("train", Dxo(DataKind.WEIGHTS, model, {MetaKey.CURRENT_ROUND: 0}))
+    job.tasks.broadcast(broadcast, min_responses=2)
+    sent = data(broadcast, "a")
+    assert data(broadcast, "b") == sent  # one encoding for both sites
+    refs = [ref_from_proto(ref) for ref in sent.tensors]
+    for ref in refs:
+        assert ref.key == content_key(job.ctx.tensor_prefix, ref.checksum)
+        assert ref.url and not ref.inline_data and job.store.exists(ref.key)
+    loaded = unpack(refs, PresignedFetcher())
+    assert {n: v.tobytes() for n, v in loaded.items()} == \
+        {n: v.tobytes() for n, v in model.items()}
+    job.tasks.cancel(broadcast)
+
+    send = Task("train", Dxo(DataKind.WEIGHTS, model, {MetaKey.CURRENT_ROUND: 1}))
+    job.tasks.send(send, [job.site("a")])
+    assert all(ref.inline_data and not ref.key for ref in data(send, "a").tensors)
+    job.tasks.cancel(send)
 
 
 def test_executor_errors_and_unknown_tasks_become_results(job: Job) -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -166,6 +166,33 @@ class TensorCodec:
             )
         log.debug("tensors packed", prefix=prefix, tensors=len(refs), objects=len(uploads))
         return refs
+
+    def store(self, refs: Sequence[TensorRef], prefix: str) -> list[TensorRef]:
+        """`refs` with each inline one turned into a stored one, its bytes put at its content
+        key under `prefix` (once, skipped where the object exists); the others as they are.
+        For data many receivers get: a key travels once per receiver, its bytes are read once
+        by each from storage, while inline bytes would pass the sender's socket each time.
+        The stored refs carry no URL: the sender presigns what it sends. InvalidArgument, and
+        nothing stored, where an inline ref's bytes do not match its checksum (a content key
+        must never hold other bytes)."""
+        if not prefix:
+            raise InvalidArgument("tensor prefix is empty", field="prefix")
+        inline = {content_key(prefix, ref.checksum): ref for ref in refs
+                  if ref.is_inline and ref.length}
+        for ref in inline.values():
+            hasher = checksum.hasher_for(ref.checksum, ref.name)
+            hasher.update(ref.inline_data)
+            if not checksum.matches(ref.checksum, hasher):
+                raise InvalidArgument(f"tensor {ref.name!r}: inline data does not match its "
+                                      f"checksum {ref.checksum[:20]!r}", field=ref.name)
+        if inline:
+            with ThreadPoolExecutor(min(self._workers, len(inline))) as pool:
+                for future in [pool.submit(self._store_once, key,
+                                           np.frombuffer(ref.inline_data, np.uint8))
+                               for key, ref in inline.items()]:
+                    future.result()
+        return [replace(ref, key=content_key(prefix, ref.checksum), inline_data=b"")
+                if ref.is_inline and ref.length else ref for ref in refs]
 
     def unpack(
         self,

@@ -44,6 +44,9 @@ class Assignment:
     # what to send: the task's data as it was right after before_task_sent_cb (a broadcast's
     # first send fixes it for every site)
     data: Dxo | None = None
+    # how many sites get this same data: a broadcast's targets; 1 for a send or a relay, whose
+    # data may change between sends
+    receivers: int = 1
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,8 @@ class TaskManager:
         if failed:
             self.check()
             return _TRY_AGAIN
-        return Assignment("task", client_task, data)
+        return Assignment("task", client_task, data,
+                          len(task.targets) if entry.rule.shared_snapshot else 1)
 
     def _pick(self, site: str) -> tuple[_Entry, ClientTask] | None:
         """Under the lock: the first standing task `site` may get, as an assignment."""

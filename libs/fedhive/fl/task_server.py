@@ -5,8 +5,10 @@ Messages (`Names.job_server_queue(job_id)`, see proto/fedhive/v1/task.proto):
 * `GetTaskRequest` (RPC, site): a long poll. The next assignment from the task manager, waiting
   up to `wait_ms` (at most `max_wait_s`) for work to appear; `TRY_AGAIN` when none did,
   `END_RUN` once the run is over. Task data goes out as refs with presigned GET URLs: a task's
-  arrays are packed once (`ctx.codec.pack`, cached per task until it is replaced or done), and
-  refs without a URL (a site's result forwarded to the next site) are presigned.
+  arrays are packed once (`ctx.codec.pack`, cached per task until it is replaced or done), a
+  broadcast's inline bytes are stored once when their copies to all its sites would pass
+  `FAN_OUT_BUDGET` (`ctx.codec.store`: then no copy passes this process's socket), and refs
+  without a URL (a site's result forwarded to the next site) are presigned.
 * `TaskResult` (RPC, site): handed to `tasks.submit`; the reply says whether it was accepted
   and why not. With `next_wait_ms` the reply is the site's next assignment (the long poll
   above) carrying that verdict: one round trip per task instead of two.
@@ -36,8 +38,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from google.protobuf.message import Message
@@ -57,6 +59,10 @@ from fedhive.structs import dict_to_struct
 
 WAIT_SLICE_S = 0.2  # re-ask the manager this often: time alone can make a site eligible
 URL_MARGIN_MS = 600_000  # re-sign a cached URL that would expire within 10 minutes
+# A broadcast's inline bytes times its sites, past which they are stored once instead: each
+# copy passes this process's socket and waits in a queue of the broker (a 16 MiB inline model to
+# 300 sites would be 4.8 GB there). Under it, inline is faster on one machine (bench/RESULTS.md).
+FAN_OUT_BUDGET = 256 * 1024 * 1024
 _A = task_pb2.TaskAssignment
 
 
@@ -69,7 +75,8 @@ class TaskServer:
 
     def __init__(self, ctx: WorkflowContext, *, service_user: str, max_wait_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic, url_ttl_s: int = URL_TTL_S,
-                 upload_part_size: int = UPLOAD_PART_SIZE, check_workers: int = 8) -> None:
+                 upload_part_size: int = UPLOAD_PART_SIZE, check_workers: int = 8,
+                 fan_out_budget: int = FAN_OUT_BUDGET) -> None:
         assert ctx.tasks is not None and ctx.store is not None and ctx.codec is not None
         self.ctx = ctx
         self.tasks: TaskManager = ctx.tasks
@@ -79,6 +86,7 @@ class TaskServer:
         self._max_wait_s = max_wait_s
         self._clock = clock
         self._url_ttl_s = url_ttl_s
+        self._fan_out_budget = fan_out_budget
         self.uploads = Uploads(ctx, url_ttl_s=url_ttl_s, upload_part_size=upload_part_size,
                                check_workers=check_workers)
         self.desk = OperationDesk(ctx, ctx.store, ctx.codec, url_ttl_s=url_ttl_s,
@@ -166,7 +174,8 @@ class TaskServer:
             assignment = self.tasks.next_task(site)
             if assignment.kind == "task":
                 assert assignment.client_task is not None and assignment.data is not None
-                return self._assignment(assignment.client_task, assignment.data, verdict)
+                return self._assignment(assignment.client_task, assignment.data,
+                                        assignment.receivers, verdict)
             if assignment.kind == "end_run":
                 with self._lock:
                     self._ended.add(site)
@@ -239,11 +248,11 @@ class TaskServer:
         with self._lock:
             self._ended.add(site)
 
-    def _assignment(self, client_task: ClientTask, data: Dxo,
+    def _assignment(self, client_task: ClientTask, data: Dxo, receivers: int,
                     verdict: task_pb2.TaskResultReply | None) -> Encoded:
         task = client_task.task
         round_ = data.meta.get(MetaKey.CURRENT_ROUND)
-        packed = self._task_data(task, data)
+        packed = self._task_data(task, data, receivers)
         self.uploads.assigned(client_task.id, client_task.site, task.name,
                               int(round_) if isinstance(round_, int | float) else None,
                               packed.keys)
@@ -252,11 +261,14 @@ class TaskServer:
                  result=verdict)
         return Encoded(_A, own.SerializeToString() + packed.encoded)
 
-    def _task_data(self, task: Task, data: Dxo) -> _Packed:
+    def _task_data(self, task: Task, data: Dxo, receivers: int) -> _Packed:
         """The assignment's `data` field, encoded once per task for all its sites: its arrays
         packed, its refs without a fresh URL (the global model, a site's result forwarded to
-        the next site) presigned. Encoded again when the workflow gave the task other data (as
-        the cyclic relay does between sends) or a URL in it nears its expiry."""
+        the next site) presigned, and its inline bytes stored once instead when `receivers`
+        copies of them would pass `fan_out_budget` (a broadcast to many sites: each then
+        reads them from storage, not through this process's socket). Encoded again when the
+        workflow gave the task other data (as the cyclic relay does between sends) or a URL
+        in it nears its expiry."""
         identity = {name: id(value) for name, value in data.data.items()}
         standing = {t.id for t in self.tasks.standing()} | {task.id}
         with self._lock:
@@ -280,15 +292,21 @@ class TaskServer:
             else:
                 packed = self._codec.pack(arrays, self.ctx.tensor_prefix) if arrays else []
                 refs = {ref.name: ref for ref in packed}
-            cached = self._encode(data, identity, refs, now_ms)
+            cached = self._encode(data, identity, refs, receivers, now_ms)
             with self._lock:
                 self._packed[task.id] = cached
         return cached
 
     def _encode(self, data: Dxo, identity: dict[str, int], refs: dict[str, TensorRef],
-                now_ms: int) -> _Packed:
+                receivers: int, now_ms: int) -> _Packed:
+        wire: dict[str, TensorRef] = {name: refs.get(name, value)
+                                      for name, value in data.data.items()}
+        inline = [name for name, ref in wire.items() if ref.is_inline and ref.length]
+        if receivers * sum(wire[name].length for name in inline) > self._fan_out_budget:
+            stored = self._codec.store([wire[name] for name in inline], self.ctx.tensor_prefix)
+            wire.update(zip(inline, stored, strict=True))
         holder = _A()
-        dxo_to_proto(data, lambda values: [refs[name] for name in values], into=holder.data)
+        dxo_to_proto(replace(data, data=wire), _refs_only, into=holder.data)
         margin = min(URL_MARGIN_MS, self._url_ttl_s * 500)
         renew_at = now_ms + self._url_ttl_s * 1000
         for ref in holder.data.tensors:
@@ -301,6 +319,10 @@ class TaskServer:
         keys = frozenset(ref.key for ref in holder.data.tensors if ref.key)
         return _Packed(identity, dict(data.data), dict(data.meta), refs,
                        holder.SerializeToString(), renew_at, keys)
+
+
+def _refs_only(arrays: Mapping[str, Any]) -> list[TensorRef]:
+    raise AssertionError(f"arrays left unpacked: {sorted(arrays)}")
 
 
 @dataclass(frozen=True)

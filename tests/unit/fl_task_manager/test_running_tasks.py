@@ -37,6 +37,24 @@ def test_an_unanswered_assignment_is_resent_unchanged(tm: TaskManager) -> None:
     assert len(task.client_tasks) == 1
 
 
+def test_an_assignment_says_how_many_sites_get_its_data(tm: TaskManager) -> None:
+    """A broadcast's data goes to all its targets (the task server stores big fan-outs once);
+    a send's or a relay's to one site at a time."""
+    broadcast, to_two, send, relay = (make_task(name) for name in ("all", "two", "send", "relay"))
+    tm.broadcast(broadcast)
+    tm.broadcast(to_two, targets=["a", "b"])
+    assert tm.next_task("a").receivers == 3
+    answer(tm, broadcast.client_tasks[0])
+    assert tm.next_task("a").receivers == 2
+    tm.cancel(broadcast)
+    tm.cancel(to_two)
+    tm.send(send, ["b", "c"])
+    assert tm.next_task("b").receivers == 1
+    tm.cancel(send)
+    tm.relay(relay, ["a", "b", "c"])
+    assert tm.next_task("a").receivers == 1
+
+
 # -- results --------------------------------------------------------------------------------
 
 def test_results_that_cannot_be_accepted_are_rejected_with_reasons(tm: TaskManager) -> None:

@@ -54,7 +54,7 @@ wheel-demo: wheel infra
 
 # Each script prints JSON and writes bench/results/<name>.json; bench/RESULTS.md says how to read them.
 bench: setup infra
-	for name in blobs jobs heartbeats scheduling rounds large_model hierarchy faults simulate scale liveness; do $(PY) bench/$$name.py || exit 1; done
+	for name in blobs jobs heartbeats scheduling rounds large_model hierarchy faults simulate scale task_manager liveness; do $(PY) bench/$$name.py || exit 1; done
 
 # A longer randomised fault run (not part of `make test`): SOAK_TRIALS random scenarios at random
 # moments (tests/faults/scenarios.py), every invariant checked after each; writes

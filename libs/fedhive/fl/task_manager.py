@@ -232,6 +232,7 @@ class TaskManager:
             self._call(task, task.result_received_cb, client_task, "result_received_cb")
             with self._cond:
                 client_task.result_received_time = self._clock()
+                task.answered[site] += 1
                 self._changed(None if entry.rule.results_open_turns else site)
         self._log.info("task.result_received", task=task.name, task_id=task_id, site=site,
                        return_code=result.return_code)

@@ -17,7 +17,6 @@ a broadcast stops waiting for them, and a task that no live site can finish ends
 from __future__ import annotations
 
 import enum
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -53,16 +52,9 @@ class Rule:
         return True
 
 
-def _answered(task: Task) -> Counter[str]:
-    """site -> how many of its assignments of this task were answered (one pass: a rule asking
-    per target would cost targets x assignments on every result)."""
-    return Counter(ct.site for ct in task.client_tasks if ct.result_received_time is not None)
-
-
 def _all_lacking_gone(task: Task, env: Env) -> bool:
     """Every target still lacking a result is gone (FLARE's dead-client rule)."""
-    answered = _answered(task)
-    return all(site in env.gone for site in task.targets if not answered[site])
+    return all(site in env.gone for site in task.targets if not task.answered[site])
 
 
 class BroadcastRule(Rule):
@@ -73,6 +65,7 @@ class BroadcastRule(Rule):
         self.min_responses = min_responses
         self.wait_time = wait_time_after_min_received
         self.min_met_time: float | None = None
+        self._targets: frozenset[str] | None = None  # task.targets, fixed once scheduled
 
     def check_send(self, task: Task, site: str, env: Env) -> Decision:
         if site in task.last_client_task_map or site not in task.targets:
@@ -83,14 +76,19 @@ class BroadcastRule(Rule):
         targets = task.targets
         if not targets:
             return CompletionStatus.CLIENT_DEAD  # nobody can ever answer
-        answered = _answered(task)
-        responded = sum(1 for site in targets if answered[site])
+        # Checked on every result: costs the gone sites, not the targets. A broadcast sends
+        # only to its (distinct) targets, so every answering site is one.
+        answered = task.answered
+        responded = len(answered)
         if responded >= len(targets):
             return CompletionStatus.OK
         # min_responses 0 means all; more than the targets (a snapshot) also waits for all
         need = len(targets) if not 0 < self.min_responses <= len(targets) else self.min_responses
-        waiting_for = [site for site in targets if not answered[site] and site not in env.gone]
-        if responded + len(waiting_for) < need:
+        if self._targets is None:
+            self._targets = frozenset(targets)
+        waiting_for = len(targets) - responded - sum(
+            1 for site in env.gone if site in self._targets and site not in answered)
+        if responded + waiting_for < need:
             return CompletionStatus.CLIENT_DEAD  # the minimum can no longer be met
         if not waiting_for:
             return CompletionStatus.OK  # the minimum is met and everyone else is gone
@@ -222,7 +220,7 @@ class AnyRelayRule(_RelayRule):
 
     def check_send(self, task: Task, site: str, env: Env) -> Decision:
         self._join(task, site)
-        if site not in task.targets or _answered(task)[site] >= task.targets.count(site):
+        if site not in task.targets or task.answered[site] >= task.targets.count(site):
             return Decision.NO_BLOCK
         if task.client_tasks and self._released_at(task.client_tasks[-1], env) is None:
             return Decision.BLOCK  # one site at a time
@@ -233,7 +231,7 @@ class AnyRelayRule(_RelayRule):
             return None if env.live_sites else CompletionStatus.CLIENT_DEAD
         if task.client_tasks and self._released_at(task.client_tasks[-1], env) is None:
             return None
-        answered = _answered(task)
+        answered = task.answered
         if any(answered[site] < task.targets.count(site)
                for site in set(task.targets) if site not in env.gone):
             return None

@@ -16,6 +16,7 @@ import enum
 import time
 import uuid
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
 from typing import Any
@@ -106,6 +107,9 @@ class Task:
     id: str = field(default_factory=lambda: uuid.uuid4().hex, init=False)
     targets: list[str] = field(default_factory=list, init=False)
     client_tasks: list[ClientTask] = field(default_factory=list, init=False, repr=False)
+    # site -> its assignments answered: kept as results come in, so that a rule's check costs
+    # nothing per site (a scan of client_tasks on every result was quadratic in the sites)
+    answered: Counter[str] = field(default_factory=Counter, init=False, repr=False)
     last_client_task_map: dict[str, ClientTask] = field(default_factory=dict, init=False,
                                                         repr=False)
     completion_status: CompletionStatus | None = field(default=None, init=False)

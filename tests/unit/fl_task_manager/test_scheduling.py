@@ -194,6 +194,19 @@ def test_broadcast_ends_client_dead_when_min_can_no_longer_be_met(tm: TaskManage
     assert calls == [CompletionStatus.CLIENT_DEAD]
 
 
+def test_a_site_that_answered_and_then_went_still_counts_once(tm: TaskManager) -> None:
+    """Answered and gone: one response, and not also one of the lacking sites that went."""
+    task = make_task()
+    tm.broadcast(task, min_responses=2)
+    answer(tm, take(tm, "a"))
+    tm.site_gone("a")
+    tm.site_gone("b")
+    assert task.answered == {"a": 1}
+    assert task.completion_status is None  # a's answer and c's can still make 2
+    answer(tm, take(tm, "c"))
+    assert task.completion_status is CompletionStatus.OK
+
+
 def test_broadcast_with_every_target_gone_ends_client_dead(tm: TaskManager) -> None:
     task = make_task()
     tm.broadcast(task, targets=["a", "b"], min_responses=1)

@@ -67,6 +67,11 @@ class GatewayConfig:
     # JobLogs --follow: how long after a job ended its stream waits for sites that never
     # sent their last line (the usual end is sooner: every site's last line is in)
     logs_grace_s: float = 10.0
+    # A running job's record, read for an operation, serves its next operations this long: a
+    # hub site runs one or two every round (tens a second with a small model), each then one
+    # job-store call less. Short: an operation sent in this window after the job was aborted
+    # reaches its stopping server job and waits out its timeout instead of being refused.
+    operating_record_s: float = 1.0
 
 
 class Gateway:
@@ -80,6 +85,8 @@ class Gateway:
         self._log = log
         self._queue = names.service_queue(JOB_STORE)
         self._closing = threading.Event()
+        self._operating: dict[str, tuple[float, job_pb2.JobRecord]] = {}  # job id -> when read
+        self._operating_lock = threading.Lock()
 
     def close(self) -> None:
         """End running WatchJob streams (with UNAVAILABLE: the client may watch again)."""
@@ -301,12 +308,12 @@ class Gateway:
                       ) -> operation_pb2.OperationReply:
         """Forward the operation to the job's server job; Unavailable (try again) while the job
         is not running yet, FailedPrecondition once it has ended."""
-        job = self._running_job(admin, request.job_id)
+        job = self._operated_job(admin, request.job_id)
         wait_s = max(0.0, min(request.wait_ms / 1000, self._config.max_operation_wait_s))
         forwarded = operation_pb2.OperationRequest()
         forwarded.CopyFrom(request)
         forwarded.job_id, forwarded.wait_ms = job.job_id, int(wait_s * 1000)
-        reply = self._server_job(job, forwarded, operation_pb2.OperationReply,
+        reply = self._server_job(admin, job, forwarded, operation_pb2.OperationReply,
                                  wait_s + self._config.rpc_timeout)
         self._log.info("job.operation", user=admin.name, job_id=job.job_id,
                        op_id=request.op_id[:128], task=request.task_name[:128],
@@ -315,12 +322,32 @@ class Gateway:
 
     def export_operation(self, admin: Admin, request: operation_pb2.ExportRequest
                          ) -> operation_pb2.ExportReply:
-        job = self._running_job(admin, request.job_id)
+        job = self._operated_job(admin, request.job_id)
         forwarded = operation_pb2.ExportRequest()
         forwarded.CopyFrom(request)
         forwarded.job_id = job.job_id
-        return self._server_job(job, forwarded, operation_pb2.ExportReply,
+        return self._server_job(admin, job, forwarded, operation_pb2.ExportReply,
                                 self._config.export_timeout)
+
+    def _operated_job(self, admin: Admin, job_id: str) -> job_pb2.JobRecord:
+        """`_running_job`, its record reused for `operating_record_s` when named by its full
+        id. The caller is authorised on every call (the submitter a decision reads never
+        changes); the status may have moved on, but a job that ended has no server job to
+        answer, and `_server_job` then reads the record afresh for the error."""
+        now = time.monotonic()
+        with self._operating_lock:
+            read = self._operating.get(job_id)
+        if read is not None and now - read[0] < self._config.operating_record_s:
+            self._authorize(admin, Action.OPERATE, read[1])
+            return read[1]
+        job = self._running_job(admin, job_id)
+        if job.job_id == job_id:
+            with self._operating_lock:
+                for stale in [key for key, (when, _) in self._operating.items()
+                              if now - when >= self._config.operating_record_s]:
+                    del self._operating[stale]
+                self._operating[job_id] = (now, job)
+        return job
 
     def _running_job(self, admin: Admin, job_id: str) -> job_pb2.JobRecord:
         job = self._job_for(admin, Action.OPERATE, job_id)
@@ -334,12 +361,15 @@ class Gateway:
                               "its operations start once it runs", field="job_id")
         return job
 
-    def _server_job(self, job: job_pb2.JobRecord, request: Message, reply_type: type[M],
-                    timeout: float) -> M:
+    def _server_job(self, admin: Admin, job: job_pb2.JobRecord, request: Message,
+                    reply_type: type[M], timeout: float) -> M:
         try:
             return self._bus.call(self._names.job_server_queue(job.job_id), request,
                                   reply_type, timeout=timeout)
         except Unroutable:  # running, but its server job is not serving yet (or just ended)
+            with self._operating_lock:
+                self._operating.pop(job.job_id, None)
+            self._running_job(admin, job.job_id)  # ended since it was read: say so
             raise Unavailable(f"job {job.job_id}: its server job is not serving (starting or "
                               "ending); try again", field="job_id") from None
 

@@ -7,7 +7,9 @@ Each method takes the caller and the decoded request and returns the reply messa
 a `FedhiveError`; the servicer (servicer.py) translates errors to gRPC once.
 
 Authorisation: `fedhive.auth.decide` on the action and, for job actions, the job's submitter
-(read from the job-store first). Every decision is logged with user, action and job.
+(read from the job-store first; an operation may reuse a running job's record read within the
+last second, `GatewayConfig.operating_record_s`). Every decision is logged with user, action
+and job.
 
 A job id in a request may be a unique case-insensitive prefix of one (the job-store resolves
 it, `fedhive_services.job_store.context.lookup_job`); what the gateway forwards after reading

@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         settings2 = dataclasses.replace(settings, namespace="bench-hier-t2",
                                         s3_bucket=f"{settings.s3_bucket}-t2")
         for name in ("t1", "t2"):
-            (tmp / name).mkdir()
+            (tmp / name).mkdir(parents=True)
         lower_sites, upper_sites = ["b1", "b2"], ["a1", "f1", "f2", "hub"]
         with running_system(settings2, tmp / "t2", lower_sites, schedulers=1) as s2, \
                 running_system(settings, tmp / "t1", upper_sites, launched=3,

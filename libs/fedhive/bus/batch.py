@@ -13,9 +13,10 @@ Built by `RabbitBus.subscribe_batches` from the same parts as `Consumer` (connec
 parameters, `connect` with the reconnect backoff, `Topology` declarations, `TypeRegistry`
 decoding, `Delivery`), so queue, dead-letter queue and bindings are exactly those of
 `Bus.subscribe`. Semantics:
-* a malformed message (no/unknown type, body that does not parse) is dead-lettered at once;
-* a message from a sender the queue does not accept (`Senders`) is dropped with a security log
-  line, as `Consumer` does;
+* each delivery is admitted as `Consumer` admits one (`fedhive.bus.consumer.admit`): a
+  sender the queue does not accept (`Senders`) is dropped with a security log line, a
+  malformed message (no/unknown type, body that does not parse) is dead-lettered at once, an
+  expired request dropped;
 * `handle_batch` returning: the batch is acked (the handler drops what it refuses itself);
 * `handle_batch` raising: the batch is requeued after a backoff; the quorum queue's delivery
   limit dead-letters messages that keep failing;
@@ -37,11 +38,11 @@ import structlog
 from google.protobuf.message import Message
 
 from fedhive.bus.codec import TypeRegistry
-from fedhive.bus.connection import RECONNECT, connect
-from fedhive.bus.consumer import Delivery
+from fedhive.bus.connection import RECONNECT, connect, user_name
+from fedhive.bus.consumer import Delivery, admit, settle_refused
 from fedhive.bus.senders import Senders
 from fedhive.bus.topology import QueueSpec, Topology
-from fedhive.errors import ConfigError, MalformedMessage, Unavailable
+from fedhive.errors import ConfigError, Unavailable
 from fedhive.retry import Backoff
 
 log = structlog.get_logger()
@@ -68,6 +69,7 @@ class BatchConsumer:
     ) -> None:
         self.spec = spec
         self._params = params
+        self._user_id = user_name(params)
         self._topology = topology
         self._accepts = accepts
         self._handle_batch = handle_batch
@@ -170,20 +172,14 @@ class BatchConsumer:
     def _on_message(
         self, batch: Batch, tags: list[int], channel: Any, method: Any, props: Any, body: bytes
     ) -> None:
-        if not self._senders.accepts(props.user_id):
-            self._log.warning("bus.sender_refused", security=True, sender=props.user_id,
-                              accepted=self._senders.describe(), type=props.type,
-                              message_id=props.message_id, routing_key=method.routing_key)
-            channel.basic_ack(method.delivery_tag)
+        delivery = Delivery.from_amqp(self.spec.name, method, props)
+        admission = admit(delivery, body, topology=self._topology, senders=self._senders,
+                          accepts=self._accepts, log=self._log)
+        if admission.message is None:
+            settle_refused(channel, method.delivery_tag, delivery, admission,
+                           topology=self._topology, user_id=self._user_id)
             return
-        try:
-            message = self._accepts.decode(props.type, body, queue=self.spec.name)
-        except MalformedMessage as err:
-            self._log.warning("bus.dead_letter_malformed", message_id=props.message_id,
-                              reason=str(err))
-            channel.basic_reject(method.delivery_tag, requeue=False)
-            return
-        batch.append((message, Delivery.from_amqp(self.spec.name, method, props)))
+        batch.append((admission.message, delivery))
         tags.append(method.delivery_tag)
 
     def _settle(self, channel: Any, batch: Batch, tags: list[int]) -> None:

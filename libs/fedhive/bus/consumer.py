@@ -133,6 +133,28 @@ class Admission:
     dead_letter: bool = False
 
 
+def send_reply(channel: Any, delivery: Delivery, reply: Message | Encoded, *,
+               topology: Topology, user_id: str | None) -> None:
+    """Publish `reply` to `delivery`'s caller on a pika channel (see the module docstring)."""
+    body, kind = encode(reply)
+    reply_to = delivery.reply_to or ""
+    exchange = "" if reply_to.startswith(DIRECT_REPLY_TO) else topology.names.replies_exchange
+    channel.basic_publish(exchange, reply_to, body, properties(
+        kind, user_id=user_id, correlation_id=delivery.correlation_id))
+
+
+def settle_refused(channel: Any, tag: int, delivery: Delivery, admission: Admission, *,
+                   topology: Topology, user_id: str | None) -> None:
+    """A delivery `admit` refused, settled on its pika channel at once: its reply sent if it
+    has one, then dead-lettered or dropped."""
+    if admission.reply is not None:
+        send_reply(channel, delivery, admission.reply, topology=topology, user_id=user_id)
+    if admission.dead_letter:
+        channel.basic_reject(tag, requeue=False)
+    else:
+        channel.basic_ack(tag)
+
+
 def admit(
     delivery: Delivery, body: bytes, *, topology: Topology, senders: Senders,
     accepts: TypeRegistry, log: Any,
@@ -344,24 +366,15 @@ class Consumer:
         admission = admit(delivery, body, topology=self._topology, senders=self._senders,
                           accepts=self._accepts, log=self._log)
         if admission.message is None:
-            if admission.reply is not None:
-                self._reply(channel, delivery, admission.reply)
-            if admission.dead_letter:
-                channel.basic_reject(tag, requeue=False)
-            else:
-                channel.basic_ack(tag)
+            settle_refused(channel, tag, delivery, admission, topology=self._topology,
+                           user_id=self._user_id)
             return
         session.unsettled.add(tag)
         future = self._pool.submit(handle, self._handler, admission.message, delivery, self._log)
         future.add_done_callback(partial(self._hand_back, session, tag, delivery))
 
     def _reply(self, channel: Any, delivery: Delivery, reply: Message | Encoded) -> None:
-        body, kind = encode(reply)
-        reply_to = delivery.reply_to or ""
-        exchange = "" if reply_to.startswith(DIRECT_REPLY_TO) else \
-            self._topology.names.replies_exchange
-        channel.basic_publish(exchange, reply_to, body, properties(
-            kind, user_id=self._user_id, correlation_id=delivery.correlation_id))
+        send_reply(channel, delivery, reply, topology=self._topology, user_id=self._user_id)
 
     def _hand_back(
         self, session: _Session, tag: int, delivery: Delivery, future: Future[Outcome]

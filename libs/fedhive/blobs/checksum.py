@@ -46,3 +46,10 @@ def hasher_for(checksum: str, tensor: str) -> Any:
 
 def matches(checksum: str, hasher: Any) -> bool:
     return bool(checksum.partition(":")[2].lower() == hasher.hexdigest())
+
+
+def matches_data(checksum: str, data: Any, tensor: str) -> bool:
+    """Whether a byte buffer held whole (inline bytes) hashes to `checksum`."""
+    hasher = hasher_for(checksum, tensor)
+    hasher.update(data)
+    return matches(checksum, hasher)

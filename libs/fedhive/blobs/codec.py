@@ -180,9 +180,7 @@ class TensorCodec:
         inline = {content_key(prefix, ref.checksum): ref for ref in refs
                   if ref.is_inline and ref.length}
         for ref in inline.values():
-            hasher = checksum.hasher_for(ref.checksum, ref.name)
-            hasher.update(ref.inline_data)
-            if not checksum.matches(ref.checksum, hasher):
+            if not checksum.matches_data(ref.checksum, ref.inline_data, ref.name):
                 raise InvalidArgument(f"tensor {ref.name!r}: inline data does not match its "
                                       f"checksum {ref.checksum[:20]!r}", field=ref.name)
         if inline:

@@ -435,9 +435,7 @@ def _labelled_truly(ref: TensorRef) -> bool:
     they would become the aggregate's)."""
     if not ref.is_inline:
         return True
-    hasher = checksum.hasher_for(ref.checksum, ref.name)
-    hasher.update(ref.inline_data)
-    return checksum.matches(ref.checksum, hasher)
+    return checksum.matches_data(ref.checksum, ref.inline_data, ref.name)
 
 
 class CollectAggregator(Aggregator):

@@ -7,7 +7,7 @@ import threading
 import pytest
 from google.protobuf.message import Message
 
-from fedhive.bus import Bus, Delivery
+from fedhive.bus import Bus, Delivery, Pending
 from fedhive.errors import FedhiveError, NotFound, RpcTimeout, Unroutable
 from fedhive.names import Names
 from fedhive.proto.v1 import common_pb2, job_pb2, site_pb2
@@ -110,6 +110,45 @@ def test_concurrent_callers_each_get_their_own_reply(bus: Bus, namespace: str) -
     for thread in threads:
         thread.join()
     assert replies == {i: f"tok-{i}" for i in range(8)}
+
+
+def test_a_handler_may_answer_later_from_another_thread(bus: Bus, namespace: str) -> None:
+    """One handler thread parks three requests (a `Pending` each: the thread is free for the
+    next), then another thread answers them in reverse order, each once; a `Pending` completed
+    before the handler returns it is answered as well."""
+    queue = Names(namespace).site_queue("later")
+    parked: dict[str, Pending] = {}
+    lock = threading.Lock()
+
+    def handler(message: Message, delivery: Delivery) -> Pending:
+        assert isinstance(message, site_pb2.CheckResourcesRequest)
+        pending = Pending()
+        if message.job_id == "now":
+            pending.complete(site_pb2.CheckResourcesReply(ok=True, token="at once"))
+        with lock:
+            parked[message.job_id] = pending
+        return pending
+
+    bus.serve(queue, handler, CHECK, prefetch=4, concurrency=1)  # parked ones stay unacked
+    replies: dict[str, str] = {}
+
+    def caller(job: str) -> None:
+        replies[job] = bus.call(queue, site_pb2.CheckResourcesRequest(job_id=job),
+                                site_pb2.CheckResourcesReply, timeout=20).token
+
+    threads = [threading.Thread(target=caller, args=(job,)) for job in ("a", "b", "c")]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: len(parked) == 3, timeout=10, what="three requests parked")
+    assert replies == {}
+    for job in ("c", "b", "a"):
+        parked[job].complete(site_pb2.CheckResourcesReply(ok=True, token=f"late-{job}"))
+        parked[job].complete(site_pb2.CheckResourcesReply(ok=True, token="twice"))
+    for thread in threads:
+        thread.join()
+    assert replies == {"a": "late-a", "b": "late-b", "c": "late-c"}
+    caller("now")
+    assert replies["now"] == "at once"
 
 
 def test_unroutable_publish_raises(bus: Bus, namespace: str) -> None:

@@ -20,7 +20,6 @@ import pytest
 
 from fedhive.blobs import BlobStore, TensorKind, TensorRef, content_key
 from fedhive.blobs.keys import checkpoint_copy_key, parse_upload_key, upload_key, upload_prefix
-from fedhive.bus import Encoded
 from fedhive.errors import BlobNotFound, ChecksumMismatch, PermissionDenied
 from fedhive.fl.checkpoint import Checkpoint, checkpoint_keys, load_checkpoint, save_checkpoint
 from fedhive.fl.dxo import DataKind, Dxo, dxo_from_proto
@@ -267,8 +266,7 @@ def test_an_executor_names_the_site_whose_relayed_upload_it_cannot_load(
 def serve(site: Site, act: Any) -> None:
     """A site's client job loop: each task's data (refs) to `act`, its result sent."""
     while True:
-        answer = site.server.get_task(site.name, 200)
-        assignment = _A.FromString(answer.body) if isinstance(answer, Encoded) else answer
+        assignment = site.poll(200)
         if assignment.kind == _A.KIND_END_RUN:
             return
         if assignment.kind == _A.KIND_TASK:

@@ -29,7 +29,7 @@ returned; failures are dead-lettered, never looped (see `fedhive.bus.consumer`).
 
 from fedhive.bus.batch import Batch, BatchConsumer, BatchHandler
 from fedhive.bus.codec import Encoded, TypeRegistry
-from fedhive.bus.consumer import Consumer, Delivery, Handler
+from fedhive.bus.consumer import Consumer, Delivery, Handler, Pending
 from fedhive.bus.memory import MemoryBus
 from fedhive.bus.memory_broker import MemoryBroker
 from fedhive.bus.port import Bus, Subscription
@@ -48,6 +48,7 @@ __all__ = [
     "Handler",
     "MemoryBroker",
     "MemoryBus",
+    "Pending",
     "QueueSpec",
     "RabbitBus",
     "Senders",

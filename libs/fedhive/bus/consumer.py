@@ -111,7 +111,38 @@ class Delivery:
         )
 
 
-Handler = Callable[[Message, Delivery], Message | Encoded | None]
+class Pending:
+    """An RPC reply that comes later: the handler returns a `Pending` at once (its thread is
+    free for the next message) and `complete`s it from any thread once the answer is known, as
+    a long poll does when work appears. The request stays unacked until then (so it counts
+    against the consumer's prefetch); one whose consumer stops or loses its connection first
+    goes back to its queue, and completing it after that does nothing."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reply: Message | Encoded | None = None
+        self._sink: Callable[[Message | Encoded], None] | None = None
+
+    def complete(self, reply: Message | Encoded) -> None:
+        """Give the reply (only the first one given counts)."""
+        with self._lock:
+            if self._reply is not None:
+                return
+            self._reply = reply
+            sink = self._sink
+        if sink is not None:
+            sink(reply)
+
+    def bind(self, sink: Callable[[Message | Encoded], None]) -> None:
+        """The transport's: where the reply goes, at once when it was given already."""
+        with self._lock:
+            self._sink = sink
+            reply = self._reply
+        if reply is not None:
+            sink(reply)
+
+
+Handler = Callable[[Message, Delivery], Message | Encoded | Pending | None]
 
 
 @dataclass(frozen=True)
@@ -121,6 +152,7 @@ class Outcome:
     reply: Message | Encoded | None = None
     dead_letter: bool = False
     retry: bool = False
+    pending: Pending | None = None  # settled when it completes
 
 
 @dataclass(frozen=True)
@@ -219,6 +251,11 @@ def handle(handler: Handler, message: Message, delivery: Delivery, log: Any) -> 
         bound.warning("bus.handler_failed", error=repr(err),
                       delivery_count=delivery.delivery_count, exc_info=True)
         return Outcome(retry=True)
+    if isinstance(reply, Pending):
+        if delivery.reply_to:
+            return Outcome(pending=reply)
+        reply.bind(lambda _: None)  # a command has no one to answer: settled now
+        return Outcome()
     if delivery.reply_to:
         return Outcome(reply=reply if reply is not None else common_pb2.Ack())
     return Outcome()
@@ -395,6 +432,10 @@ class Consumer:
             return
         failed = future.cancelled() or future.exception() is not None
         outcome = Outcome(retry=True) if failed else future.result()
+        if outcome.pending is not None:  # not waited for by `stop`: requeued if it comes late
+            session.unsettled.discard(tag)
+            outcome.pending.bind(partial(self._hand_back_reply, session, tag, delivery))
+            return
         if outcome.reply is not None and delivery.reply_to:
             self._reply(channel, delivery, outcome.reply)
         if outcome.retry and not self._gives_up(delivery):
@@ -408,6 +449,19 @@ class Consumer:
             if self._failed is not None:
                 self._failed.pop(delivery.message_id or "", None)
         session.unsettled.discard(tag)
+
+    def _hand_back_reply(self, session: _Session, tag: int, delivery: Delivery,
+                         reply: Message | Encoded) -> None:
+        """Runs where a `Pending` completes: reply and ack on the connection thread."""
+        with contextlib.suppress(pika.exceptions.ConnectionWrongStateError):
+            session.connection.add_callback_threadsafe(
+                partial(self._settle_later, session, tag, delivery, reply))
+
+    def _settle_later(self, session: _Session, tag: int, delivery: Delivery,
+                      reply: Message | Encoded) -> None:
+        if session.channel.is_open:
+            self._reply(session.channel, delivery, reply)
+            session.channel.basic_ack(tag)
 
     def _gives_up(self, delivery: Delivery) -> bool:
         """A classic queue's message failed its last allowed delivery (counted here, on the

@@ -10,6 +10,7 @@ do on the broker. What differs, on purpose:
   consumer's `concurrency` threads takes a message when it is free;
 * the broker counts failed deliveries on every queue (RabbitMQ's quorum queues do; on a
   classic queue `RabbitBus`'s consumer counts) and dead-letters a message past the limit;
+* a `Pending` reply is sent whenever it completes (nothing is left unacked to requeue);
 * no provisioning step: a site's bus (its user is a site user of `names`) declares its control
   queue itself, as the provisioning would (no dead-letter queue).
 It shares nothing between processes, so no service uses it.
@@ -23,6 +24,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 import pika
@@ -284,6 +286,8 @@ class _Consumer:
             if admission.message is None:
                 continue
             outcome = handle(self._handler, admission.message, delivery, self._log)
+            if outcome.pending is not None:
+                outcome.pending.bind(partial(self._bus._reply, delivery))
             if outcome.reply is not None and delivery.reply_to:
                 self._bus._reply(delivery, outcome.reply)
             if outcome.retry:

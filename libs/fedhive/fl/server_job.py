@@ -203,7 +203,8 @@ def serve_app(ctx: WorkflowContext, bus: Bus, app_dir: Path) -> Outcome:
     server = TaskServer(ctx, service_user=bus.user)
     serving = False
     try:
-        handlers = 2 * len(ctx.sites) + 4  # a long poll and a result per site, and spares
+        # long polls wait parked, not in threads: these handle results, uploads and operations
+        handlers = min(len(ctx.sites), 8) + 2
         server.serve(bus, ctx.names.job_server_queue(ctx.job_id), handlers=handlers)
         serving = True
         ctx.log.info("server_job.started", pid=os.getpid(), sites=ctx.sites)
@@ -214,6 +215,7 @@ def serve_app(ctx: WorkflowContext, bus: Bus, app_dir: Path) -> Outcome:
         outcome = Outcome("exception", f"{type(err).__name__}: {err}")
     if serving:
         _end_run(ctx, server)
+    server.close()
     stop.set()
     monitor.join()
     return outcome

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -373,6 +373,24 @@ class TaskManager:
             since = self._seen.get(site, self._versions[site])
             return self._site_conds[site].wait_for(lambda: self._versions[site] != since,
                                                    timeout)
+
+    def wait_for_change(self, since: int, timeout: float) -> int:
+        """For one dispatcher of many long polls: wait until a change came after change number
+        `since` (at most `timeout`); the change number now (0 before any change)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._version != since, timeout)
+            return self._version
+
+    def turns_open_by_clock(self) -> bool:
+        """Whether a standing task can make a site eligible as time passes alone."""
+        with self._cond:
+            return any(entry.rule.turns_open_by_clock for entry in self._entries.values())
+
+    def changed_for(self, sites: Iterable[str]) -> list[str]:
+        """Of `sites`, those a change concerned since their latest next_task (as
+        `wait_for_work` with a site counts them)."""
+        with self._cond:
+            return [site for site in sites if self._seen.get(site) != self._versions[site]]
 
     # -- views ------------------------------------------------------------------------------
 

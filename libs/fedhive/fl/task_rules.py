@@ -42,6 +42,12 @@ class Rule:
     # a result wakes none of the other sites' long polls.
     results_open_turns = True
 
+    @property
+    def turns_open_by_clock(self) -> bool:
+        """Whether time alone can make a site eligible (a send's or relay's timeouts): its
+        waiting sites must then be asked again as time passes, not only on a change."""
+        return False
+
     def check_send(self, task: Task, site: str, env: Env) -> Decision:
         raise NotImplementedError
 
@@ -110,6 +116,10 @@ class SendRule(Rule):
         self.send_order = send_order
         self.assignment_timeout = task_assignment_timeout
 
+    @property
+    def turns_open_by_clock(self) -> bool:
+        return bool(self.assignment_timeout) and self.send_order != SendOrder.ANY
+
     def check_send(self, task: Task, site: str, env: Env) -> Decision:
         if task.client_tasks or site not in task.targets or site in env.gone:
             return Decision.NO_BLOCK
@@ -135,6 +145,10 @@ class _RelayRule(Rule):
     def __init__(self, task_result_timeout: float, dynamic_targets: bool) -> None:
         self.result_timeout = task_result_timeout
         self.dynamic_targets = dynamic_targets
+
+    @property
+    def turns_open_by_clock(self) -> bool:
+        return bool(self.result_timeout)
 
     def is_current(self, task: Task, client_task: ClientTask) -> bool:
         return bool(task.client_tasks) and task.client_tasks[-1] is client_task
@@ -172,6 +186,10 @@ class SequentialRelayRule(_RelayRule):
         super().__init__(task_result_timeout, dynamic_targets)
         self.assignment_timeout = task_assignment_timeout
         self.last_index = -1  # position in targets of the latest send
+
+    @property
+    def turns_open_by_clock(self) -> bool:
+        return bool(self.result_timeout or self.assignment_timeout)
 
     def _window(self, task: Task, env: Env) -> list[int] | _Window:
         start, since = 0, _scheduled(task)

@@ -4,14 +4,19 @@ Messages (`Names.job_server_queue(job_id)`, see proto/fedhive/v1/task.proto):
 
 * `GetTaskRequest` (RPC, site): a long poll. The next assignment from the task manager, waiting
   up to `wait_ms` (at most `max_wait_s`) for work to appear; `TRY_AGAIN` when none did,
-  `END_RUN` once the run is over. Task data goes out as refs with presigned GET URLs: a task's
-  arrays are packed once (`ctx.codec.pack`, cached per task until it is replaced or done), a
-  broadcast's inline bytes are stored once when their copies to all its sites would pass
-  `FAN_OUT_BUDGET` (`ctx.codec.store`: then no copy passes this process's socket), and refs
-  without a URL (a site's result forwarded to the next site) are presigned.
+  `END_RUN` once the run is over. A poll with nothing to give yet is parked (a
+  `fedhive.bus.Pending`: no thread waits for it) and answered by one dispatcher thread when a
+  change of the task manager concerns its site (a new task, a turn, the end of the run: a
+  broadcast is handed out by that thread, one site after the other, without waking a thread per
+  site), or at its deadline (looked at every WAIT_SLICE_S, as all of them are while the job
+  aborts or a send's or relay's turns open by the clock). Task data goes out as refs with
+  presigned GET URLs: a task's arrays are packed once (`ctx.codec.pack`, cached per task until
+  it is replaced or done), a broadcast's inline bytes are stored once when their copies to all
+  its sites would pass `FAN_OUT_BUDGET` (`ctx.codec.store`: then no copy passes this process's
+  socket), and refs without a URL (a site's result forwarded to the next site) are presigned.
 * `TaskResult` (RPC, site): handed to `tasks.submit`; the reply says whether it was accepted
   and why not. With `next_wait_ms` the reply is the site's next assignment (the long poll
-  above) carrying that verdict: one round trip per task instead of two.
+  above, parked the same way) carrying that verdict: one round trip per task instead of two.
   The DXO stays lazy (workflows materialize it with the credentialed store, which
   verifies checksums). Its refs must be ones the site may name (`fedhive.fl.uploads`: the
   server's objects, the site's own uploads, or what its task handed it), URL dropped, and name
@@ -45,7 +50,8 @@ from typing import Any
 from google.protobuf.message import Message
 
 from fedhive.blobs import TensorRef
-from fedhive.bus import Bus, Delivery, Encoded, Senders, Subscription
+from fedhive.bus import Bus, Delivery, Encoded, Pending, Senders, Subscription
+from fedhive.bus.codec import error_message
 from fedhive.errors import FedhiveError, InvalidArgument, PermissionDenied
 from fedhive.fl.dxo import Dxo, MetaKey, dxo_from_proto, dxo_to_proto
 from fedhive.fl.operation_desk import OperationDesk
@@ -57,7 +63,7 @@ from fedhive.names import Names
 from fedhive.proto.v1 import common_pb2, operation_pb2, runner_pb2, task_pb2
 from fedhive.structs import dict_to_struct
 
-WAIT_SLICE_S = 0.2  # re-ask the manager this often: time alone can make a site eligible
+WAIT_SLICE_S = 0.2  # look at every parked poll this often: time alone can make a site eligible
 URL_MARGIN_MS = 600_000  # re-sign a cached URL that would expire within 10 minutes
 # A broadcast's inline bytes times its sites, past which they are stored once instead: each
 # copy passes this process's socket and waits in a queue of the broker (a 16 MiB inline model to
@@ -95,14 +101,19 @@ class TaskServer:
         self._packed: dict[str, _Packed] = {}  # task id -> its data, encoded
         self._packing: dict[str, threading.Lock] = {}
         self._ended: set[str] = set()  # sites told END_RUN, or gone
+        self._polls: dict[str, _Poll] = {}  # site -> its parked long poll
+        self._dispatcher: threading.Thread | None = None  # started with the first parked poll
+        self._closed = threading.Event()
 
     # bus entry point ----------------------------------------------------------------------
     def serve(self, bus: Bus, queue: str, *, handlers: int) -> Subscription:
         """Answer `queue` (the job's task queue) with `handlers` threads, on a queue that is
-        not replicated (why: `fedhive.bus.topology`), reached by the job's sites only."""
+        not replicated (why: `fedhive.bus.topology`), reached by the job's sites only. Its
+        prefetch leaves room for a parked long poll and a result of every site besides."""
         names = self._names
         return bus.serve(
-            queue, self.handle, self.ACCEPTS, prefetch=handlers, concurrency=handlers,
+            queue, self.handle, self.ACCEPTS, prefetch=2 * len(self.ctx.sites) + handlers,
+            concurrency=handlers,
             replicated=False,
             binding_keys=[names.job_site_route(self.ctx.job_id, site) for site in self.ctx.sites],
             senders=Senders.only(self._service_user,
@@ -113,7 +124,7 @@ class TaskServer:
         assert self.ctx.names is not None
         return self.ctx.names
 
-    def handle(self, message: Message, delivery: Delivery) -> Message | Encoded | None:
+    def handle(self, message: Message, delivery: Delivery) -> Message | Encoded | Pending | None:
         if isinstance(message, runner_pb2.SiteGone):
             self.site_gone(message, delivery.user_id)
             return None
@@ -166,24 +177,32 @@ class TaskServer:
     # handlers -----------------------------------------------------------------------------
     def get_task(self, site: str, wait_ms: int,
                  verdict: task_pb2.TaskResultReply | None = None,
-                 ) -> task_pb2.TaskAssignment | Encoded:
-        """The site's next assignment, waiting up to `wait_ms` for one; `verdict` (on the result
-        this call answers) goes with it."""
-        deadline = self._clock() + min(max(wait_ms, 0) / 1000, self._max_wait_s)
-        while True:
-            assignment = self.tasks.next_task(site)
-            if assignment.kind == "task":
-                assert assignment.client_task is not None and assignment.data is not None
-                return self._assignment(assignment.client_task, assignment.data,
-                                        assignment.receivers, verdict)
-            if assignment.kind == "end_run":
-                with self._lock:
-                    self._ended.add(site)
-                return _A(kind=_A.KIND_END_RUN, result=verdict)
-            left = deadline - self._clock()
-            if left <= 0 or self.ctx.abort.is_set():
-                return _A(kind=_A.KIND_TRY_AGAIN, result=verdict)
-            self.tasks.wait_for_work(min(left, WAIT_SLICE_S), site)
+                 ) -> task_pb2.TaskAssignment | Encoded | Pending:
+        """The site's next assignment, with `verdict` (on the result this call answers) in it;
+        when it has none yet, a `Pending` answered once it has one, or TRY_AGAIN after
+        `wait_ms` (at most `max_wait_s`)."""
+        reply = self._answer(site, verdict)
+        if reply is not None:
+            return reply
+        wait = min(max(wait_ms, 0) / 1000, self._max_wait_s)
+        if wait <= 0 or self.ctx.abort.is_set() or self._closed.is_set():
+            return _A(kind=_A.KIND_TRY_AGAIN, result=verdict)
+        poll = _Poll(Pending(), self._clock() + wait, verdict)
+        self._park(site, poll)
+        if self.tasks.changed_for([site]):  # a change since `_answer`, maybe already looked at
+            self._serve(site)
+        return poll.pending
+
+    def close(self) -> None:
+        """Stop the dispatcher; every poll still parked is answered TRY_AGAIN."""
+        self._closed.set()
+        with self._lock:
+            dispatcher, polls = self._dispatcher, list(self._polls.values())
+            self._polls.clear()
+        if dispatcher is not None:
+            dispatcher.join()
+        for poll in polls:
+            poll.pending.complete(_A(kind=_A.KIND_TRY_AGAIN, result=poll.verdict))
 
     def submit(self, site: str, message: task_pb2.TaskResult) -> task_pb2.TaskResultReply:
         problem = ""
@@ -240,6 +259,76 @@ class TaskServer:
         """Every site of the job was told END_RUN or is gone."""
         with self._lock:
             return set(self.ctx.sites) <= self._ended
+
+    # long polls ---------------------------------------------------------------------------
+    def _answer(self, site: str, verdict: task_pb2.TaskResultReply | None,
+                ) -> task_pb2.TaskAssignment | Encoded | None:
+        """The site's assignment or END_RUN now, None when it has nothing to do yet."""
+        assignment = self.tasks.next_task(site)
+        if assignment.kind == "task":
+            assert assignment.client_task is not None and assignment.data is not None
+            return self._assignment(assignment.client_task, assignment.data,
+                                    assignment.receivers, verdict)
+        if assignment.kind == "end_run":
+            with self._lock:
+                self._ended.add(site)
+            return _A(kind=_A.KIND_END_RUN, result=verdict)
+        return None
+
+    def _park(self, site: str, poll: _Poll) -> None:
+        with self._lock:
+            if self._closed.is_set():
+                replaced: _Poll | None = poll
+            else:
+                replaced = self._polls.get(site)
+                self._polls[site] = poll
+                if self._dispatcher is None:
+                    self._dispatcher = threading.Thread(target=self._dispatch, daemon=True,
+                                                        name=f"task-dispatcher-{self.ctx.job_id}")
+                    self._dispatcher.start()
+        if replaced is not None:  # the site asked again (its earlier request given up on)
+            replaced.pending.complete(_A(kind=_A.KIND_TRY_AGAIN, result=replaced.verdict))
+
+    def _serve(self, site: str) -> None:
+        """Answer the site's parked poll if it has something to do, is past its deadline or
+        the job is aborting; else leave it parked."""
+        with self._lock:
+            poll = self._polls.pop(site, None)
+        if poll is None:
+            return
+        reply: Message | Encoded | None
+        try:
+            reply = self._answer(site, poll.verdict)
+        except FedhiveError as err:  # e.g. the store refused a presign: the site's call fails
+            reply = error_message(err)
+        except Exception as err:  # transient: the manager sends the same assignment again
+            self.ctx.log.warning("task_server.assignment_failed", site=site, error=repr(err))
+            reply = None
+        if reply is None:
+            if self._clock() < poll.deadline and not self.ctx.abort.is_set():
+                self._park(site, poll)
+                return
+            reply = _A(kind=_A.KIND_TRY_AGAIN, result=poll.verdict)
+        poll.pending.complete(reply)
+
+    def _dispatch(self) -> None:
+        """Answer the parked polls that a change of the task manager concerns as it comes;
+        every WAIT_SLICE_S also those past their deadline, and all of them while the job
+        aborts or a standing task's turns open by the clock."""
+        seen = 0
+        sweep_at = self._clock() + WAIT_SLICE_S
+        while not self._closed.is_set():
+            seen = self.tasks.wait_for_change(seen, max(0.0, sweep_at - self._clock()))
+            now = self._clock()
+            with self._lock:
+                parked = list(self._polls.items())
+            due = set(self.tasks.changed_for(site for site, _ in parked))
+            if now >= sweep_at:
+                sweep_at = now + WAIT_SLICE_S
+                every = self.ctx.abort.is_set() or self.tasks.turns_open_by_clock()
+                due.update(site for site, poll in parked if every or poll.deadline <= now)
+            for site in due:
+                self._serve(site)
 
     # internals ----------------------------------------------------------------------------
     def _gone(self, site: str, reason: str) -> None:
@@ -323,6 +412,15 @@ class TaskServer:
 
 def _refs_only(arrays: Mapping[str, Any]) -> list[TensorRef]:
     raise AssertionError(f"arrays left unpacked: {sorted(arrays)}")
+
+
+@dataclass(frozen=True)
+class _Poll:
+    """A site's long poll, parked until it has something to do or `deadline` passes."""
+
+    pending: Pending
+    deadline: float  # on the server's clock
+    verdict: task_pb2.TaskResultReply | None  # on the result whose reply this poll is
 
 
 @dataclass(frozen=True)

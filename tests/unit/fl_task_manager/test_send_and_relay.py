@@ -236,3 +236,28 @@ def test_relay_any_does_not_wait_for_gone_sites(tm: TaskManager) -> None:
     answer(tm, take(tm, "a"))
     tm.site_gone("b")
     assert task.completion_status is CompletionStatus.OK
+
+
+# -- what long polls must be asked again for as time passes ---------------------------------
+
+def test_turns_open_by_the_clock_only_under_timed_sends_and_relays(tm: TaskManager) -> None:
+    def standing(schedule: str, **timeouts: float) -> bool:
+        task = make_task(schedule)
+        if schedule == "broadcast":
+            tm.broadcast(task, targets=["a", "b"])
+        elif schedule == "send_any":
+            tm.send(task, ["a", "b"], SendOrder.ANY, **timeouts)
+        else:
+            getattr(tm, schedule)(task, ["a", "b"], **timeouts)
+        opens = tm.turns_open_by_clock()
+        tm.cancel(task, CompletionStatus.ABORTED)
+        return opens
+
+    assert not standing("broadcast")
+    assert not standing("send")  # without an assignment timeout only a result opens turns
+    assert standing("send", task_assignment_timeout=5)
+    assert not standing("send_any", task_assignment_timeout=5)  # any target may take it now
+    assert not standing("relay")
+    assert standing("relay", task_assignment_timeout=5)
+    assert standing("relay", task_result_timeout=5)
+    assert not tm.turns_open_by_clock()

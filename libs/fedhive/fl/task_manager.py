@@ -83,11 +83,7 @@ class TaskManager:
         self._clock = clock
         self._log = log if log is not None else structlog.get_logger("fedhive.fl.tasks")
         self._check_period = check_period
-        lock = threading.Lock()
-        self._cond = threading.Condition(lock)  # every change: the controller's waits
-        # one per site, on the same lock: a change that concerns one site wakes its long polls
-        # only (every result waking every waiting site cost sites^2 wake-ups a round)
-        self._site_conds = {site: threading.Condition(lock) for site in self._sites}
+        self._cond = threading.Condition(threading.Lock())  # every change: every wait
         self._entries: dict[str, _Entry] = {}  # task id -> entry, in scheduling order
         self._live: dict[str, ClientTask] = {}  # assignment id -> assignment of a standing task
         self._retired: OrderedDict[str, tuple[str, str, str]] = OrderedDict()  # id -> site, ...
@@ -359,8 +355,9 @@ class TaskManager:
                     self._cond.wait(self._check_period)
 
     def wait_for_work(self, timeout: float, site: str | None = None) -> bool:
-        """For long polls: wait until a task is scheduled, sent, answered or completed, a site
-        goes or the run ends (True), or until `timeout` (False). With `site`, only changes that
+        """For a site polling in a loop of its own (the task server parks its polls instead):
+        wait until a task is scheduled, sent, answered or completed, a site goes or the run
+        ends (True), or until `timeout` (False). With `site`, only changes that
         concern it count (not another site's send, nor its result under a rule where results
         open no turns), and one since the site's latest next_task returns at once. Turns that
         open only as time passes (send and relay assignment timeouts) are seen at the next
@@ -371,8 +368,7 @@ class TaskManager:
                 return self._cond.wait_for(lambda: self._version != since, timeout)
             self._require_site(site)
             since = self._seen.get(site, self._versions[site])
-            return self._site_conds[site].wait_for(lambda: self._versions[site] != since,
-                                                   timeout)
+            return self._cond.wait_for(lambda: self._versions[site] != since, timeout)
 
     def wait_for_change(self, since: int, timeout: float) -> int:
         """For one dispatcher of many long polls: wait until a change came after change number
@@ -409,13 +405,12 @@ class TaskManager:
         return Env(self._clock(), dict(self._gone), self._live_sites)
 
     def _changed(self, site: str | None = None) -> None:
-        """Under the lock: wake the controller's waits, and the long polls of every site, or
-        with `site` of that site alone."""
+        """Under the lock: count a change for every site, or with `site` for that site alone
+        (what `changed_for` and `wait_for_work` with a site look at), and wake the waits."""
         self._version += 1
-        self._cond.notify_all()
         for name in self._sites if site is None else (site,):
             self._versions[name] += 1
-            self._site_conds[name].notify_all()
+        self._cond.notify_all()
 
     def _require_site(self, site: str) -> None:
         if site not in self._sites:

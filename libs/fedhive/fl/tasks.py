@@ -7,7 +7,8 @@ request, a result, the monitor), never under the manager's lock, and one at a ti
 `before_task_sent_cb(client_task)` / `after_task_sent_cb(client_task)` around every send
 (a resend included), `result_received_cb(client_task)` once per accepted result, and
 `task_done_cb(task)` once, when the task has completed. A callback that raises ends the task
-with `CompletionStatus.ERROR`.
+with `CompletionStatus.ERROR`. Keep the send callbacks quick: in a server job one thread hands
+out every waiting site's assignment (`fedhive.fl.task_server`), so a slow one delays them all.
 """
 
 from __future__ import annotations

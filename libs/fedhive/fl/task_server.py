@@ -328,7 +328,11 @@ class TaskServer:
                 every = self.ctx.abort.is_set() or self.tasks.turns_open_by_clock()
                 due.update(site for site, poll in parked if every or poll.deadline <= now)
             for site in due:
-                self._serve(site)
+                try:
+                    self._serve(site)
+                except Exception as err:  # never lose the dispatcher: its site asks again
+                    self.ctx.log.error("task_server.dispatch_failed", site=site,
+                                       error=repr(err), exc_info=True)
 
     # internals ----------------------------------------------------------------------------
     def _gone(self, site: str, reason: str) -> None:

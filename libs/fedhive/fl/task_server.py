@@ -275,9 +275,11 @@ class TaskServer:
             return _A(kind=_A.KIND_END_RUN, result=verdict)
         return None
 
-    def _park(self, site: str, poll: _Poll) -> None:
+    def _park(self, site: str, poll: _Poll, *, again: bool = False) -> None:
+        """Park `poll` as the site's; `again` (one taken out to be answered and still waiting)
+        never displaces a poll the site sent meanwhile: it is the one answered TRY_AGAIN."""
         with self._lock:
-            if self._closed.is_set():
+            if self._closed.is_set() or (again and site in self._polls):
                 replaced: _Poll | None = poll
             else:
                 replaced = self._polls.get(site)
@@ -286,7 +288,7 @@ class TaskServer:
                     self._dispatcher = threading.Thread(target=self._dispatch, daemon=True,
                                                         name=f"task-dispatcher-{self.ctx.job_id}")
                     self._dispatcher.start()
-        if replaced is not None:  # the site asked again (its earlier request given up on)
+        if replaced is not None:  # the site asked again: its earlier request was given up on
             replaced.pending.complete(_A(kind=_A.KIND_TRY_AGAIN, result=replaced.verdict))
 
     def _serve(self, site: str) -> None:
@@ -306,7 +308,7 @@ class TaskServer:
             reply = None
         if reply is None:
             if self._clock() < poll.deadline and not self.ctx.abort.is_set():
-                self._park(site, poll)
+                self._park(site, poll, again=True)
                 return
             reply = _A(kind=_A.KIND_TRY_AGAIN, result=poll.verdict)
         poll.pending.complete(reply)

@@ -270,6 +270,13 @@ class _Session:
     unsettled: set[int] = field(default_factory=set)
 
 
+def _on_connection(session: _Session, callback: Callable[[], None]) -> None:
+    """Run `callback` on the session's connection thread; if the connection is gone, nothing:
+    the broker redelivers the unacked message."""
+    with contextlib.suppress(pika.exceptions.ConnectionWrongStateError):
+        session.connection.add_callback_threadsafe(callback)
+
+
 class Consumer:
     """Consume `spec` with `handler`; `start()` once, `stop()` once. See the module docstring."""
 
@@ -417,11 +424,7 @@ class Consumer:
         self, session: _Session, tag: int, delivery: Delivery, future: Future[Outcome]
     ) -> None:
         """Runs in the handler thread: pass the outcome to the connection thread."""
-        # If the connection is gone, the broker redelivers the unacked message.
-        with contextlib.suppress(pika.exceptions.ConnectionWrongStateError):
-            session.connection.add_callback_threadsafe(
-                partial(self._settle, session, tag, delivery, future)
-            )
+        _on_connection(session, partial(self._settle, session, tag, delivery, future))
 
     def _settle(
         self, session: _Session, tag: int, delivery: Delivery, future: Future[Outcome]
@@ -453,9 +456,7 @@ class Consumer:
     def _hand_back_reply(self, session: _Session, tag: int, delivery: Delivery,
                          reply: Message | Encoded) -> None:
         """Runs where a `Pending` completes: reply and ack on the connection thread."""
-        with contextlib.suppress(pika.exceptions.ConnectionWrongStateError):
-            session.connection.add_callback_threadsafe(
-                partial(self._settle_later, session, tag, delivery, reply))
+        _on_connection(session, partial(self._settle_later, session, tag, delivery, reply))
 
     def _settle_later(self, session: _Session, tag: int, delivery: Delivery,
                       reply: Message | Encoded) -> None:

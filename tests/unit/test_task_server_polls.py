@@ -25,6 +25,7 @@ from fedhive.fl.tasks import SendOrder, Task
 from fedhive.fl.workflow import WorkflowContext
 from fedhive.names import Names
 from fedhive.proto.v1 import task_pb2
+from tests.fixtures.bus import given
 
 _A = task_pb2.TaskAssignment
 SITES = ["s1", "s2", "s3"]
@@ -47,22 +48,17 @@ def server(tmp_path: Path) -> Iterator[TaskServer]:
 
 
 def answered(answer: Message | Encoded | Pending, timeout: float = 5) -> task_pb2.TaskAssignment:
-    if isinstance(answer, Pending):
-        box: queue.Queue[Message | Encoded] = queue.Queue()
-        answer.bind(box.put)
-        answer = box.get(timeout=timeout)
-    if isinstance(answer, Encoded):
-        return _A.FromString(answer.body)
-    assert isinstance(answer, _A), answer
-    return answer
+    reply = given(answer, timeout)
+    if isinstance(reply, Encoded):
+        return _A.FromString(reply.body)
+    assert isinstance(reply, _A), reply
+    return reply
 
 
 def not_yet(answer: Message | Encoded | Pending, wait: float = 0.3) -> None:
     assert isinstance(answer, Pending)
-    box: queue.Queue[Message | Encoded] = queue.Queue()
-    answer.bind(box.put)
     with pytest.raises(queue.Empty):
-        box.get(timeout=wait)
+        given(answer, wait)
 
 
 def task(name: str = "train") -> Task:
@@ -89,6 +85,20 @@ def test_a_parked_poll_gets_try_again_at_its_deadline(server: TaskServer) -> Non
 def test_a_site_asking_again_replaces_its_parked_poll(server: TaskServer) -> None:
     first = server.get_task("s1", 10_000)
     second = server.get_task("s1", 10_000)
+    assert answered(first).kind == _A.KIND_TRY_AGAIN
+    server.tasks.broadcast(task(), ["s1"], min_responses=1)
+    assert answered(second).kind == _A.KIND_TASK
+
+
+def test_a_poll_still_waiting_never_displaces_one_the_site_sent_meanwhile(
+        server: TaskServer) -> None:
+    """The dispatcher takes a poll out to answer it; the site asks again meanwhile; the first
+    poll, still with nothing to do, is the one answered TRY_AGAIN, the new one stays parked."""
+    first = server.get_task("s1", 10_000)
+    with server._lock:  # what `_serve` does before it asks the task manager
+        taken = server._polls.pop("s1")
+    second = server.get_task("s1", 10_000)
+    server._park("s1", taken, again=True)  # `_serve` found nothing to do yet
     assert answered(first).kind == _A.KIND_TRY_AGAIN
     server.tasks.broadcast(task(), ["s1"], min_responses=1)
     assert answered(second).kind == _A.KIND_TASK

@@ -121,7 +121,11 @@ def failed_sites(entry: RunEntry) -> list[str]:
 
 def forget(ctx: RunnerContext, entry: RunEntry) -> None:
     """Drop the job from the running-jobs table, give its lease up, delete its workspace."""
-    ctx.runs.remove(entry.job_id)
+    try:
+        ctx.runs.remove(entry.job_id, entry.fence_token)
+    except StaleFencingToken as err:  # its successor's now: lease and workspace are its own
+        ctx.log.warning("job_runner.not_forgotten", job_id=entry.job_id, error=str(err))
+        return
     ctx.state.release(lease_name(entry.job_id), ctx.config.holder, entry.fence_token)
     if entry.workspace:
         shutil.rmtree(entry.workspace, ignore_errors=True)

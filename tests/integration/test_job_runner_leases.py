@@ -14,11 +14,13 @@ import time
 from collections.abc import Callable
 
 import pika
+import pytest
 
 from fedhive.config import Settings
+from fedhive.errors import StaleFencingToken
 from fedhive.jobs.serde import status_to_proto
 from fedhive.jobs.status import JobStatus
-from fedhive.state.runs import RunTable
+from fedhive.state.runs import RunEntry, RunTable
 from tests.fixtures.infra import wait_for
 from tests.fixtures.job_runner import (
     RunnerProcess,
@@ -56,6 +58,30 @@ def test_a_restarted_runner_reattaches_and_the_job_completes_once(stack: Stack) 
     record = stack.wait_status(job_id, S.FINISHED_COMPLETED)
     assert stack.result(record)["model.txt"] == b"held"
     assert stack.result(record)["server_job.log"].count(b'"server_job.started"') == 1
+
+
+def test_a_running_jobs_entry_is_written_only_with_the_jobs_newest_token(
+    settings: Settings,
+) -> None:
+    """A runner frozen past its lease may resume mid-tick holding the entry it read before:
+    its write (the old token) must not replace its successor's, whose token renews the job."""
+    table = RunTable.from_settings(settings)
+    try:
+        mine = RunEntry("job-1", "test-runner", 2, "running").with_site("site-1", started=True)
+        table.put(mine)
+        stale = dataclasses.replace(mine, fence_token=1, phase="starting")
+        with pytest.raises(StaleFencingToken, match=r"job job-1: .*newer token than 1"):
+            table.put(stale)
+        with pytest.raises(StaleFencingToken):
+            table.remove("job-1", 1)
+        assert table.get("job-1") == mine
+        table.put(dataclasses.replace(mine, fence_token=3))  # a later owner's takes its place
+        table.remove("job-1", 3)
+        assert table.get("job-1") is None
+        table.put(stale)  # no entry: nothing newer to protect
+        assert table.get("job-1") == stale
+    finally:
+        table.close()
 
 
 def test_a_runner_frozen_past_its_lease_is_fenced_by_its_successor(

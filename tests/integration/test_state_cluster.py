@@ -119,7 +119,7 @@ def test_round_log_runs_table_and_job_logs_on_the_cluster(
         assert runs.beat("j1", 123, 30) is True
         assert runs.report("j1", Outcome("completed")) and not runs.alive("j1")
         assert runs.outcome("j1") == Outcome("completed")
-        runs.remove("j1")
+        runs.remove("j1", 7)
         assert runs.get("j1") is None
 
         stored = logs.append("j1", "site-1", CLIENT_JOB, 0,

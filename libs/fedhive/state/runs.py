@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from fedhive.config import Settings
+from fedhive.errors import StaleFencingToken
 from fedhive.names import Names
 from fedhive.state import connect
 
@@ -80,12 +81,26 @@ class Outcome:
         return self.result == "completed"
 
 
+# A running-jobs entry is written (or removed) only by a holder of the job's current token:
+# a runner frozen past its lease, resuming mid-tick, must not put its entry (the old token)
+# back over its successor's, which would leave the job with an owner that cannot renew.
+_FENCED_WRITE = """
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if held and cjson.decode(held)['fence_token'] > tonumber(ARGV[2]) then return 0 end
+if ARGV[3] == '' then redis.call('HDEL', KEYS[1], ARGV[1])
+else redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) end
+return 1
+"""
+
+
 class RunTable:
-    """The records above on one Redis; cheap single-key operations, no scripts needed."""
+    """The records above on one Redis: single-key operations (the entry's writes fenced by its
+    job-ownership token)."""
 
     def __init__(self, client: connect.RedisClient, names: Names) -> None:
         self._client = client
         self._names = names
+        self._write = client.register_script(_FENCED_WRITE)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RunTable:
@@ -96,7 +111,9 @@ class RunTable:
 
     # running-jobs table -----------------------------------------------------------------
     def put(self, entry: RunEntry) -> None:
-        self._client.hset(self._names.runs_key, entry.job_id, entry.to_json())
+        """Store `entry`; StaleFencingToken when the stored one has a newer token (another
+        runner owns the job now)."""
+        self._fenced(entry.job_id, entry.fence_token, entry.to_json())
 
     def get(self, job_id: str) -> RunEntry | None:
         text = self._client.hget(self._names.runs_key, job_id)
@@ -106,8 +123,15 @@ class RunTable:
         values = self._client.hgetall(self._names.runs_key)
         return [RunEntry.from_json(str(text)) for _, text in sorted(values.items())]
 
-    def remove(self, job_id: str) -> None:
-        self._client.hdel(self._names.runs_key, job_id)
+    def remove(self, job_id: str, fence_token: int) -> None:
+        """Drop the job's entry; StaleFencingToken as `put`."""
+        self._fenced(job_id, fence_token, "")
+
+    def _fenced(self, job_id: str, fence_token: int, value: str) -> None:
+        if not self._write(keys=[self._names.runs_key], args=[job_id, fence_token, value]):
+            raise StaleFencingToken(f"job {job_id}: its running-jobs entry is owned with a "
+                                    f"newer token than {fence_token} (another job-runner took "
+                                    "the job over)", field="fence_token")
 
     # server-job liveness and outcome ------------------------------------------------------
     def beat(self, job_id: str, pid: int, ttl_s: float) -> bool:

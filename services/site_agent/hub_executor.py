@@ -103,7 +103,7 @@ class HubExecutor:
 
     def _why_ended(self) -> str:
         record = self._session.get(self.job_id)
-        return job_gone(record.status.value, record.status_reason)
+        return job_gone(record.job_id, record.status.value, record.status_reason)
 
     def _abort_below(self, reason: str) -> None:
         abort_lower(self._session, self.job_id, reason, self._log)

@@ -175,9 +175,10 @@ def _ended(alive: Callable[[], str] | None) -> str:
         return ""
 
 
-def job_gone(status: str, reason: str) -> str:
-    """Why a job in `status` can no longer run operations ("" when it can)."""
+def job_gone(job_id: str, status: str, reason: str) -> str:
+    """Why a job in `status` can no longer run operations ("" when it can), worded as the
+    gateway refuses an operation on it (whichever of the two a caller meets first)."""
     if status.startswith("FINISHED"):
-        return f"the job is {status}: {reason}" if reason else f"the job is {status}"
+        return f"job {job_id} is {status} ({reason})" if reason else f"job {job_id} is {status}"
     return ""
 

@@ -332,7 +332,7 @@ class Session:
         from fedhive.sdk.operations import job_gone
 
         record = self.get(job_id)
-        return job_gone(record.status.value, record.status_reason)
+        return job_gone(record.job_id, record.status.value, record.status_reason)
 
     # -- sites -----------------------------------------------------------------------------
     def sites(self) -> builtins.list[SiteInfo]:

@@ -43,7 +43,7 @@ def test_a_holder_is_this_host_this_pid_and_a_random_part() -> None:
     (f"{HOST}:{os.getppid()}:abcd", False),  # a process that runs
     ("elsewhere:1:abcd", False),  # another host: only the lease's expiry tells
     (f"{HOST}:nopid", False),
-])
+], ids=["this-pid", "parent-pid", "another-host", "no-pid"])  # the same in every xdist worker
 def test_which_holders_are_dead(holder: str, dead: bool) -> None:
     assert holder_dead(holder) is dead
     assert holder_dead(f"{HOST}:{dead_pid()}:abcd")

@@ -322,7 +322,7 @@ def test_an_ended_notice_the_broker_refused_is_published_later(
     start(agent, "job-1")
     pid = wait_for(lambda: agent.report("job-1"), what="the client job's report")["pid"]
     record_file = agent.workspace / ".agent" / "jobs" / "job-1.json"
-    site_agents.refuse_job_events("site-1", refused=True)
+    site_agents.refuse_events("site-1", "job", refused=True)
     try:
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: '"site_agent.notice_failed"' in agent.log(), timeout=30,
@@ -331,7 +331,7 @@ def test_an_ended_notice_the_broker_refused_is_published_later(
         assert (record["exit_code"], record["notice_pending"]) == (-9, True)
         assert events.ended("site-1", "job-1") == []
     finally:
-        site_agents.refuse_job_events("site-1", refused=False)
+        site_agents.refuse_events("site-1", "job", refused=False)
     [notice] = wait_for(lambda: events.ended("site-1", "job-1"), timeout=60,
                         what="the notice, published again")
     assert (notice.exit_code, notice.reason.split(" (")[0]) == (-9, "killed by signal 9")

@@ -239,7 +239,7 @@ class TaskServer:
         return self.uploads.resign(site, keys)
 
     def worker_exit(self, site: str, error: str) -> None:
-        reason = f"client job could not start: {' '.join(error.split())}"
+        reason = could_not_start(error)
         self.ctx.log.warning("task_server.worker_exit", site=site, reason=reason)
         self._gone(site, reason)
 
@@ -414,6 +414,11 @@ class TaskServer:
         keys = frozenset(ref.key for ref in holder.data.tensors if ref.key)
         return _Packed(identity, dict(data.data), dict(data.meta), refs,
                        holder.SerializeToString(), renew_at, keys)
+
+
+def could_not_start(error: str) -> str:
+    """Why a site whose client job could not start (`WorkerExit`) left the job."""
+    return f"client job could not start: {' '.join(error.split())}"
 
 
 def _refs_only(arrays: Mapping[str, Any]) -> list[TensorRef]:

@@ -49,6 +49,7 @@ from fedhive.fl.components import ComponentError
 from fedhive.fl.executor import ExecTask, Executor, Executors
 from fedhive.fl.server_job import END_RUN_GRACE_S, RoundReports, serve_app
 from fedhive.fl.task_manager import TaskManager
+from fedhive.fl.task_server import could_not_start
 from fedhive.fl.worker import Worker, WorkerConfig, one_line
 from fedhive.fl.workflow import RoundReport, WorkflowContext
 from fedhive.jobs.archive import write_folder_zip
@@ -98,6 +99,7 @@ class _Site:
     app_dir: Path
     bus: MemoryBus
     thread: threading.Thread | None = field(default=None, repr=False)
+    failed: str = ""  # why its client job ended early, as the job-runner would learn it
 
 
 def simulate(source: Path, options: Options, *, abort: threading.Event | None = None,
@@ -211,7 +213,8 @@ class Simulation:
                 ctx.abort.set()
         self._stop_sites(sites)
         bus.close()
-        gone = ctx.gone_sites()
+        # A site that failed after the server side ended (its WorkerExit unread) failed too.
+        gone = {site.name: site.failed for site in sites if site.failed} | ctx.gone_sites()
         if self.abort.is_set():
             return Outcome("aborted"), gone
         return outcomes[0], gone
@@ -244,6 +247,7 @@ class Simulation:
             executors = Executors.load(site.app_dir)
         except ComponentError as err:
             log.error("client_job.bad_executor_config", error=str(err))
+            site.failed = could_not_start(str(err))
             site.bus.send(route, task_pb2.WorkerExit(job_id=self.job_id, site=site.name,
                                                      error=str(err)))
             return
@@ -256,6 +260,7 @@ class Simulation:
         except Exception as err:  # FedhiveError or a bug: either way the site is out
             why = f"client job exited with code 1: {one_line(err)}"  # as the runner says it
             log.error("client_job.failed", error=why, exc_info=True)
+            site.failed = why
             try:
                 services.send(self.names.job_server_queue(self.job_id), runner_pb2.SiteGone(
                     job_id=self.job_id, site=site.name, reason=why))

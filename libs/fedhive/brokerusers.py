@@ -13,7 +13,9 @@ namespace's exchanges, the sites' control queues and bindings, users with salted
 password hashes, permissions, topic permissions): no password or hash appears on a command
 line, 1,000 sites take one call instead of 7,000, and it returns when the import is done
 (`rabbitmqctl import_definitions -` takes the same document but returns before). Importing it
-again (new passwords, a site added) leaves existing exchanges, queues and bindings as they are.
+again (new passwords, a site added) leaves existing exchanges, queues and bindings as they are;
+the same eval then closes the imported users' open connections (`rabbitmqctl
+close_all_user_connections N.S`): a new password must end the old one's sessions.
 The equivalent, per site S in namespace N on vhost V (regexes anchored; `N`, `S`
 regex-escaped; the queue as `Topology(site=True)` describes it: quorum, delivery limit, no
 dead letters):
@@ -226,10 +228,21 @@ def create_users(users: Sequence[BrokerUser], vhost: str, ctl: Sequence[str], *,
                  namespace: str | None) -> None:
     """Import `definitions(users, vhost, namespace)` synchronously (`rabbitmqctl
     import_definitions -` returns before the import is done), by an expression `rabbitmqctl
-    eval` reads from stdin."""
+    eval` reads from stdin; then close the users' open connections. RabbitMQ checks a password
+    only when a connection opens: without that, a rotated (leaked) password's sessions would go
+    on as they were. A site's agent reconnects once it has the new password."""
     document = json.dumps(definitions(users, vhost, namespace))
     document = document.replace("\\", "\\\\").replace('"', '\\"')
-    answer = _ctl(ctl, ["eval"], f'rabbit_definitions:import_raw(<<"{document}">>).')
+    names = ", ".join(f'<<"{check_user(user.name)}">>' for user in users)
+    answer = _ctl(ctl, ["eval"], (
+        f'case rabbit_definitions:import_raw(<<"{document}">>) of'
+        f" ok -> Users = [{names}],"
+        " [rabbit_networking:close_connection(C, \"its password was changed\")"
+        " || C <- rabbit_networking:connections(),"
+        " {user, U} <- case catch rabbit_networking:connection_info(C, [user]) of"
+        " [{user, _} = Info] -> [Info]; _ -> [] end,"  # one closing meanwhile: none
+        " lists:member(U, Users)], ok;"
+        " Failed -> Failed end."))
     if answer.strip() != "ok":
         raise FedhiveError(f"importing broker users failed: {' '.join(answer.split())}")
 

@@ -122,18 +122,28 @@ def test_reprovisioning_keeps_the_queue_and_deleting_the_user_deletes_it(
     sites: dict[str, Settings], namespace: str, amqp_url: str
 ) -> None:
     """Creating a site's user again (a new password) leaves its queue, and what waits in it, as
-    it is; deleting the user deletes the queue (nothing would consume it again)."""
+    it is, and closes the connections opened with the old password (RabbitMQ checks it only at
+    connect: a leaked one's session would go on); deleting the user deletes the queue (nothing
+    would consume it again)."""
     names, vhost = Names(namespace), vhost_of(amqp_url)
     queue = names.site_queue("c")
     first = [site_user(namespace, "c")]
     create_users(first, vhost, CTL, namespace=namespace)
+    old_url = with_user(amqp_url, first[0].name, first[0].password)
     services = RabbitBus(sites[f"{namespace}-svc"], name="services")
+    leaked = open_channel(Settings(amqp_url=old_url))
+    bystander = open_channel(sites["a"])  # another site's connection stays open
     try:
         services.send(queue, site_pb2.ListSiteJobsRequest(), message_id="waiting")
         second = [site_user(namespace, "c")]
         create_users(second, vhost, CTL, namespace=namespace)
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker, match="password was chan"):
+            for _ in range(50):  # the broker's close arrives with the next frames read
+                leaked.connection.process_data_events(time_limit=0.1)
+        bystander.connection.process_data_events(time_limit=0.1)
+        assert bystander.is_open
         with pytest.raises(pika.exceptions.ProbableAuthenticationError):
-            open_channel(Settings(amqp_url=with_user(amqp_url, first[0].name, first[0].password)))
+            open_channel(Settings(amqp_url=old_url))
         channel = open_channel(Settings(amqp_url=with_user(amqp_url, second[0].name,
                                                            second[0].password)))
         try:
@@ -143,6 +153,7 @@ def test_reprovisioning_keeps_the_queue_and_deleting_the_user_deletes_it(
             channel.connection.close()
     finally:
         services.close()
+        bystander.connection.close()
     delete_users([second[0].name], CTL)
     assert queue not in [q["name"] for q in exported(vhost)["queues"]]
 

@@ -55,6 +55,12 @@ def test_a_site_is_granted_only_its_own_keys_for_its_own_task(job: Job) -> None:
     assert upload.url and upload.write_once and not upload.present
     assert (present.key, present.present, present.url) == (
         content_key(job.prefix, checksum_of(frozen)), True, "")
+    # a server object the task did not hand the site is not looked for: the site uploads its own
+    elsewhere = full(11)
+    job.store.put(content_key(job.prefix, checksum_of(elsewhere)), [elsewhere.tobytes()])
+    (own,) = a.grant([checksum_of(elsewhere)], [elsewhere.nbytes]).targets
+    assert (own.key, own.present) == (
+        upload_key(job.prefix, a.name, a.task_id, checksum_of(elsewhere)), False)
 
     # a's URL writes a's key and nothing else: the signature covers the key
     b_key = upload_key(job.prefix, b.name, b.task_id, checksum_of(fresh))

@@ -104,8 +104,9 @@ class LocalBlobStore:
     def size(self, key: str) -> int:
         return self._folder.size(key)
 
-    def delete(self, key: str) -> None:
-        self._folder.delete(key)
+    def delete(self, *keys: str) -> None:
+        for key in keys:
+            self._folder.delete(key)
 
     def delete_prefix(self, prefix: str) -> int:
         if not prefix:

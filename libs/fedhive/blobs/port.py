@@ -92,8 +92,9 @@ class BlobStore(RangeFetcher, Protocol):
 
     def size(self, key: str) -> int: ...
 
-    def delete(self, key: str) -> None:
-        """Delete `key`; deleting a missing key is not an error."""
+    def delete(self, *keys: str) -> None:
+        """Delete the keys (many in one request where the store can); deleting a missing key
+        is not an error."""
         ...
 
     def delete_prefix(self, prefix: str) -> int:

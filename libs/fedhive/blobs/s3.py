@@ -78,6 +78,7 @@ _TRANSIENT = (
     ConnectionError, HTTPClientError, ResponseStreamingError, IncompleteReadError, OSError
 )
 _MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
+_DELETE_BATCH = 1000  # S3's limit on keys per DeleteObjects
 _MAX_EXPIRY = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
 _MIN_PART = 5 * MiB  # S3's smallest part (all but the last)
 
@@ -279,10 +280,24 @@ class S3BlobStore:
         )
         return int(head["ContentLength"])
 
-    def delete(self, key: str) -> None:
-        self._call(
-            "deleting", key, lambda: self._client.delete_object(Bucket=self._bucket, Key=key)
-        )
+    def delete(self, *keys: str) -> None:
+        if len(keys) == 1:
+            self._call("deleting", keys[0],
+                       lambda: self._client.delete_object(Bucket=self._bucket, Key=keys[0]))
+            return
+        for start in range(0, len(keys), _DELETE_BATCH):
+            batch = [{"Key": key} for key in keys[start:start + _DELETE_BATCH]]
+            answer = self._call(
+                "deleting", batch[0]["Key"],
+                lambda batch=batch: self._client.delete_objects(  # type: ignore[misc]
+                    Bucket=self._bucket, Delete={"Objects": batch, "Quiet": True}))
+            errors = answer.get("Errors", [])
+            if errors:
+                first = errors[0]
+                raise FedhiveError(
+                    f"deleting blob {first.get('Key')}: {first.get('Code')} {first.get('Message')}",
+                    field=first.get("Key"),
+                )
 
     def delete_prefix(self, prefix: str) -> int:
         if not prefix:
@@ -292,23 +307,8 @@ class S3BlobStore:
             Bucket=self._bucket, Prefix=prefix
         )
         for page in pages:
-            keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
-            if not keys:
-                continue
-            answer = self._call(
-                "deleting",
-                prefix,
-                lambda keys=keys: self._client.delete_objects(  # type: ignore[misc]
-                    Bucket=self._bucket, Delete={"Objects": keys, "Quiet": True}
-                ),
-            )
-            errors = answer.get("Errors", [])
-            if errors:
-                first = errors[0]
-                raise FedhiveError(
-                    f"deleting blob {first.get('Key')}: {first.get('Code')} {first.get('Message')}",
-                    field=first.get("Key"),
-                )
+            keys = [item["Key"] for item in page.get("Contents", [])]
+            self.delete(*keys)
             deleted += len(keys)
         return deleted
 

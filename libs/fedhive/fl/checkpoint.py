@@ -121,11 +121,13 @@ def _drop_copies(ctx: WorkflowContext, store: BlobStore, keys: set[str]) -> None
     """Delete the checkpoint's copies among `keys` (no longer named); a failed delete costs
     space only."""
     area = f"{ctx.tensor_prefix}{CHECKPOINT_AREA}"
-    for key in sorted(key for key in keys if key.startswith(area)):
-        try:
-            store.delete(key)
-        except FedhiveError as err:
-            ctx.log.warning("checkpoint.delete_failed", key=key, error=str(err))
+    copies = sorted(key for key in keys if key.startswith(area))
+    if not copies:
+        return
+    try:
+        store.delete(*copies)
+    except FedhiveError as err:
+        ctx.log.warning("checkpoint.delete_failed", objects=len(copies), error=str(err))
 
 
 def _put(writer: ModelWriter | None, name: str, value: Any) -> TensorRef:

@@ -291,25 +291,24 @@ class ModelStore:
             return set(self._tracked)
 
     def collect(self, live: Iterable[Dxo], protect: Iterable[str] = ()) -> int:
-        """Delete the tracked objects that neither a `live` model nor `protect` names; returns
-        how many were deleted. A failed delete is logged and tried again at the next collect."""
+        """Delete the tracked objects that neither a `live` model nor `protect` names (in
+        batches: a round's site uploads are one request, not one per site); returns how many
+        were deleted. After a failed delete all of them are tried again at the next collect."""
         keep = _keys(live) | set(protect)
         with self._lock:
             doomed = sorted(self._tracked - keep)
             self._tracked &= keep
-        failed: set[str] = set()
-        for key in doomed:
-            try:
-                self.store.delete(key)
-            except FedhiveError as err:
-                failed.add(key)
-                self.log.warning("models.delete_failed", key=key, error=str(err))
-        with self._lock:
-            self._tracked |= failed
-        if doomed:
-            self.log.info("models.collected", deleted=len(doomed) - len(failed),
-                          kept=len(keep))
-        return len(doomed) - len(failed)
+        if not doomed:
+            return 0
+        try:
+            self.store.delete(*doomed)
+        except FedhiveError as err:
+            with self._lock:
+                self._tracked.update(doomed)
+            self.log.warning("models.delete_failed", objects=len(doomed), error=str(err))
+            return 0
+        self.log.info("models.collected", deleted=len(doomed), kept=len(keep))
+        return len(doomed)
 
 
 class KeptModelStore(ModelStore):

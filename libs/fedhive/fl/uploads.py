@@ -7,8 +7,9 @@ each task it assigns (`assigned`) and closes it when the site's result comes (`c
   named. Only for those does a site get upload grants, relay another site's upload, or read.
 * `GrantUploadRequest`: upload targets for the given checksums, for a task the SJ assigned to
   that site and whose result has not come yet (else PermissionDenied). `present` (nothing to
-  upload) when the server's object of that content exists, or the site's own earlier upload of
-  it; otherwise the site's upload key for that task, the only kind of key a site is ever
+  upload) when the task's data handed the site the server's object of that content (a layer
+  the site did not change) and it exists, or the site's own earlier upload of it exists;
+  otherwise the site's upload key for that task, the only kind of key a site is ever
   granted. With `sizes`, an array larger than `upload_part_size` gets a multipart grant
   (upload id, one presigned PUT per part), which the site completes with
   `CompleteUploadRequest`; smaller ones a write-once presigned PUT (`write_once`: signed with
@@ -117,7 +118,7 @@ class Uploads:
         """Where to put each array: `present`, or at the site's upload key for `task_id` a
         presigned PUT or (an array above the part size, when `sizes` are given) a multipart
         grant."""
-        self._open(site, task_id)
+        handed = self._open(site, task_id)
         if len(checksums) > MAX_GRANT:
             raise InvalidArgument(f"{len(checksums)} checksums in one grant request (at most "
                                   f"{MAX_GRANT})", field="checksums")
@@ -131,7 +132,7 @@ class Uploads:
             if size < 0:
                 raise InvalidArgument(f"size {size} of {checksum[:24]}... is negative",
                                       field="sizes")
-            present = self._present(site, checksum, size if sizes else None)
+            present = self._present(site, handed, checksum, size if sizes else None)
             key = present or upload_key(self.ctx.tensor_prefix, site, task_id, checksum)
             target = grant.targets.add(checksum=checksum, key=key, present=bool(present))
             self._remember(site, checksum, key)
@@ -242,12 +243,14 @@ class Uploads:
             return False
         return True
 
-    def _present(self, site: str, checksum: str, size: int | None) -> str:
+    def _present(self, site: str, handed: frozenset[str], checksum: str, size: int | None,
+                 ) -> str:
         """The key of an object with this content that `site`'s result may name, '' for none:
-        the server's own (frozen layers, the global model sent back) or the site's own earlier
-        upload. Never another site's: that site could still write it."""
+        the server's own that its task handed it (frozen layers, the global model sent back)
+        or the site's own earlier upload. Never another site's: that site could still write it.
+        Other content is new (what the site trained): no HEAD is spent looking for it."""
         server = content_key(self.ctx.tensor_prefix, checksum)
-        if self._stored(server, size):
+        if server in handed and self._stored(server, size):
             return server
         with self._lock:
             own = self._uploads.get((site, checksum), "")
@@ -263,14 +266,16 @@ class Uploads:
             while len(self._uploads) > _UPLOADS_MEMORY:
                 self._uploads.popitem(last=False)
 
-    def _open(self, site: str, task_id: str) -> None:
-        """Upload grants are for a task assigned to `site` whose result is not in yet."""
+    def _open(self, site: str, task_id: str) -> frozenset[str]:
+        """Upload grants are for a task assigned to `site` whose result is not in yet; the
+        keys its data named."""
         with self._lock:
             assigned = self._assigned.get(task_id)
         if assigned is None or assigned.site != site:
             raise PermissionDenied(f"job {self.ctx.job_id}: task {task_id[:80]!r} is not a "
                                    f"task of site {site!r} awaiting its result: no upload "
                                    "grant", field="task_id")
+        return assigned.keys
 
     def _check_objects(self, dxo: Dxo) -> None:
         """Every uploaded ref names an object that exists with the ref's length."""

@@ -245,8 +245,34 @@ class PresignedFetcher:
                 )
             fill(response.readinto, dests, where.key)
 
-        def read(url: str) -> None:
-            self._backoff.call(
+        self._get(where, headers, received)
+        with self._lock:
+            self._bytes += total
+
+    def length(self, where: BlobLocation) -> int:
+        """The object's size, from a one-byte ranged read through its GET URL (no HEAD URL to
+        sign: a reader that checks an object and then reads it signs once). An empty object
+        has no byte to read: S3 answers 416 (InvalidArgument)."""
+
+        def received(response: http.client.HTTPResponse) -> int:
+            response.read()
+            if response.status == 200:  # the whole object: the server ignored the range
+                return int(response.getheader("Content-Length") or 0)
+            total = (response.getheader("Content-Range") or "").rpartition("/")[2]
+            if not total.isdigit():
+                raise InvalidArgument(f"reading blob {where.key}: no object size in the answer "
+                                      f"to a ranged read", field=where.key)
+            return int(total)
+
+        return self._get(where, {"Range": "bytes=0-0"}, received)
+
+    def _get(self, where: BlobLocation, headers: Mapping[str, str],
+             received: Callable[[http.client.HTTPResponse], T]) -> T:
+        """A GET of the object through its best URL, renewed before when due and once more
+        when S3 refuses it."""
+
+        def get(url: str) -> T:
+            return self._backoff.call(
                 lambda: self._pool.exchange("GET", url, where.key, headers, None, received),
                 retry_on=(Unavailable,),
             )
@@ -255,14 +281,12 @@ class PresignedFetcher:
         if self._resign is not None and self._due(where):
             url = self._renew(where.key, url)
         try:
-            read(url.url)
+            return get(url.url)
         except BlobAccessDenied:
             if self._resign is None:
                 raise
             log.info("presigned url refused; re-signing", key=where.key)
-            read(self._renew(where.key, url).url)
-        with self._lock:
-            self._bytes += total
+            return get(self._renew(where.key, url).url)
 
     def put(self, url: str, key: str, body: Bytes | Sequence[Bytes]) -> None:
         """Upload `body` to a presigned PUT URL (`key` names the object in errors). Kept for

@@ -23,7 +23,7 @@ from fedhive.blobs import (
     unpack,
 )
 from fedhive.config import Settings
-from fedhive.errors import BlobAccessDenied, InvalidArgument, Unavailable
+from fedhive.errors import BlobAccessDenied, BlobNotFound, InvalidArgument, Unavailable
 from fedhive.retry import Backoff
 from tests.fixtures.infra import wait_for
 from tests.fixtures.s3_proxy import S3Proxy
@@ -245,6 +245,26 @@ def test_a_url_near_expiry_or_missing_is_renewed_before_use(
     blob_store.put(other, b"abc")
     fetcher.fetch_range(BlobLocation(other), 0, [memoryview(dest)[:3]])  # a ref without URL
     assert bytes(dest[:3]) == b"abc" and resign.calls[-1] == [other]
+    fetcher.close()
+
+
+def test_a_fetcher_keeps_the_newest_urls_and_reads_sizes_through_them(
+    blob_store: BlobStore, blob_prefix: str
+) -> None:
+    """`length` reads an object's size through its GET URL (signed once, then used by the read
+    too); `keep_urls` bounds the URLs kept, the oldest going first."""
+    keys = [f"{blob_prefix}kept/{i}" for i in range(3)]
+    for i, key in enumerate(keys):
+        blob_store.put(key, b"x" * (i + 1))
+    resign = Resigner(blob_store)
+    fetcher = PresignedFetcher(resign=resign, keep_urls=2)
+    assert [fetcher.length(BlobLocation(key)) for key in keys] == [1, 2, 3]
+    dest = bytearray(3)
+    fetcher.fetch_range(BlobLocation(keys[2]), 0, [memoryview(dest)])  # its URL is kept
+    fetcher.fetch_range(BlobLocation(keys[0]), 0, [memoryview(dest)[:1]])  # its was dropped
+    assert resign.calls == [[keys[0]], [keys[1]], [keys[2]], [keys[0]]]
+    with pytest.raises(BlobNotFound):
+        fetcher.length(BlobLocation(blob_prefix + "kept/missing"))
     fetcher.close()
 
 

@@ -39,6 +39,8 @@ def test_put_get_exists_size_delete(blob_store: BlobStore, blob_prefix: str) -> 
     blob_store.delete(key)
     assert not blob_store.exists(key)
     blob_store.delete(key)  # deleting a missing key is fine
+    blob_store.put(key, b"")
+    assert blob_store.size(key) == 0  # no byte to read: S3 is asked for the size itself
 
 
 def test_delete_takes_many_keys_in_batches(blob_store: BlobStore, blob_prefix: str,

@@ -196,6 +196,7 @@ class PresignedFetcher:
         resign: Resign | None = None,
         resign_margin_s: float = 60.0,
         pool: HttpPool | None = None,
+        keep_urls: int = _MAX_FRESH,
     ) -> None:
         self._pool = pool or HttpPool(stall_timeout=stall_timeout, ssl_context=ssl_context)
         self._owns_pool = pool is None
@@ -203,6 +204,7 @@ class PresignedFetcher:
         self._resign = resign
         self._margin_ms = int(resign_margin_s * 1000)
         self._fresh: dict[str, PresignedUrl] = {}  # key -> the newest URL `resign` gave
+        self._keep = keep_urls  # at most this many (oldest dropped first)
         self._lock = threading.Lock()
         self._resign_lock = threading.Lock()  # one resign call at a time: no duplicate asks
         self._bytes = 0
@@ -344,8 +346,8 @@ class PresignedFetcher:
             for key in keys:
                 self._fresh.pop(key, None)  # re-inserted last: the map is oldest-first
             self._fresh.update(fresh)
-            for key in list(self._fresh)[: max(0, len(self._fresh) - _MAX_FRESH)]:
-                del self._fresh[key]
+            while len(self._fresh) > self._keep:
+                del self._fresh[next(iter(self._fresh))]
             self._resigned += len(keys)
         log.debug("presigned urls renewed", keys=len(keys))
         return fresh

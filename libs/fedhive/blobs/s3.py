@@ -86,6 +86,7 @@ _TRANSIENT = (
 _MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
 _DELETE_BATCH = 1000  # S3's limit on keys per DeleteObjects
 _READ_URL_TTL_S = 3600  # this store's own read URLs (renewed when S3 refuses one)
+_READ_URLS_KEPT = 4096
 _MAX_EXPIRY = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
 _MIN_PART = 5 * MiB  # S3's smallest part (all but the last)
 
@@ -129,7 +130,9 @@ class S3BlobStore:
         self._multipart_threshold = max(multipart_threshold, part_size)
         self._read_part_size = read_part_size
         self._backoff = backoff or Backoff()
-        self._reader = PresignedFetcher(backoff=self._backoff, resign=self._sign_reads)
+        # its URLs are wanted for seconds (a size, then the read): a few thousand are plenty
+        self._reader = PresignedFetcher(backoff=self._backoff, resign=self._sign_reads,
+                                        keep_urls=_READ_URLS_KEPT)
 
     @classmethod
     def from_settings(cls, settings: Settings, **options: Any) -> S3BlobStore:

@@ -28,6 +28,8 @@ dies with them, so its `expires_at_ms` is capped at their expiry.
 
 from __future__ import annotations
 
+import os
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -91,6 +93,12 @@ _MAX_EXPIRY = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
 _MIN_PART = 5 * MiB  # S3's smallest part (all but the last)
 
 
+def _verify_as_boto3() -> ssl.SSLContext:
+    """What the store's own reads trust: `AWS_CA_BUNDLE` when set (a private CA's PEM, as its
+    boto3 client does), else the system's CAs."""
+    return ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
+
+
 def _condition(write_once: bool) -> dict[str, Any]:
     """S3's conditional write (AWS, MinIO, SeaweedFS): refused with 412 when the key exists."""
     return {"IfNoneMatch": "*"} if write_once else {}
@@ -132,7 +140,7 @@ class S3BlobStore:
         self._backoff = backoff or Backoff()
         # its URLs are wanted for seconds (a size, then the read): a few thousand are plenty
         self._reader = PresignedFetcher(backoff=self._backoff, resign=self._sign_reads,
-                                        keep_urls=_READ_URLS_KEPT)
+                                        keep_urls=_READ_URLS_KEPT, ssl_context=_verify_as_boto3())
 
     @classmethod
     def from_settings(cls, settings: Settings, **options: Any) -> S3BlobStore:

@@ -173,7 +173,13 @@ def run_reads(
     """
     if not reads:
         return
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(reads)))) as pool:
+    if len(reads) == 1 or workers <= 1:  # no thread to start (a server job reads a result)
+        for read in reads:
+            fetcher.fetch_range(read.where, read.offset, [p for p, _ in read.pieces])
+            if on_read_done is not None:
+                on_read_done(read)
+        return
+    with ThreadPoolExecutor(max_workers=min(workers, len(reads))) as pool:
         futures: list[Future[None]] = [
             pool.submit(fetcher.fetch_range, r.where, r.offset, [p for p, _ in r.pieces])
             for r in reads

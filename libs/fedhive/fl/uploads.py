@@ -293,8 +293,12 @@ class Uploads:
                 return f"{where} holds {size} bytes, the ref says {ref.length}"
             return ""
 
-        with ThreadPoolExecutor(max_workers=min(self._check_workers, len(refs))) as pool:
-            problems = [problem for problem in pool.map(check, refs) if problem]
+        if len(refs) == 1:  # the common result: no thread to start
+            found = [check(refs[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self._check_workers, len(refs))) as pool:
+                found = list(pool.map(check, refs))
+        problems = [problem for problem in found if problem]
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise InvalidArgument(problems[0] + more, field="data")

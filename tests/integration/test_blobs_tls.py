@@ -1,6 +1,7 @@
 """The S3 store's own reads over HTTPS trust what its boto3 client trusts: a private CA named by
-`AWS_CA_BUNDLE`, nothing else. Against a real TLS server on loopback (a certificate from a CA
-the test makes), answering a ranged GET as S3 does."""
+`AWS_CA_BUNDLE`, nothing else; a refused certificate is a one-line ConfigError at once. Against
+a real TLS server on loopback (a certificate from a CA the test makes), answering a ranged GET
+as S3 does."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ import pytest
 from fedhive.blobs import PresignedFetcher
 from fedhive.blobs.port import BlobLocation
 from fedhive.blobs.s3 import _verify_as_boto3
-from fedhive.errors import Unavailable
-from fedhive.retry import Backoff
+from fedhive.errors import ConfigError
 from tests.fixtures.certs import CertAuthority
 
 BODY = b"0123456789"
@@ -65,8 +65,8 @@ def test_the_stores_reads_trust_the_ca_in_aws_ca_bundle_only(
     trusting.close()
 
     monkeypatch.delenv("AWS_CA_BUNDLE")
-    system_only = PresignedFetcher(ssl_context=_verify_as_boto3(),
-                                   backoff=Backoff(base=0.01, max_attempts=1))
-    with pytest.raises(Unavailable, match="CERTIFICATE_VERIFY_FAILED"):
-        system_only.length(where)
+    system_only = PresignedFetcher(ssl_context=_verify_as_boto3())
+    with pytest.raises(ConfigError, match=r"reading blob bucket/key: the TLS certificate of "
+                                          r"127\.0\.0\.1 is refused \(.+\): trust its CA"):
+        system_only.length(where)  # not Unavailable: nothing retries it
     system_only.close()

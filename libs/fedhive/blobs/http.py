@@ -12,7 +12,8 @@ of a body). Once an upload's body is handed to the kernel, the wait for S3's ans
 send queue draining (Linux `TIOCOUTQ`: bytes the peer has not acknowledged yet) as progress,
 so megabytes still buffered on a slow link do not look like a stall. A slow transfer that keeps
 moving is never cut off, however long it takes; one that stalls fails within about
-`stall_timeout` and is retried (`fedhive.retry.Backoff`).
+`stall_timeout` and is retried (`fedhive.retry.Backoff`). A server certificate that fails
+verification is a one-line `ConfigError` at once: no retry gets past it.
 
 Expired URLs: a `PresignedFetcher` given `resign` (a callable: keys -> fresh `PresignedUrl`s,
 e.g. an RPC to the server job that issued the refs) asks for new URLs before using one that is
@@ -37,7 +38,7 @@ import structlog
 from fedhive.blobs.failures import parse_error_document, s3_failure
 from fedhive.blobs.port import BlobLocation, Bytes, PresignedUrl
 from fedhive.blobs.transfer import GatherReader, body_views, fill
-from fedhive.errors import BlobAccessDenied, InvalidArgument, Unavailable
+from fedhive.errors import BlobAccessDenied, ConfigError, InvalidArgument, Unavailable
 from fedhive.retry import Backoff
 
 T = TypeVar("T")
@@ -101,6 +102,12 @@ class HttpPool:
             raise Unavailable(
                 f"{action} blob {key}: no progress for {self._timeout:g}s", field=key
             ) from err
+        except ssl.SSLCertVerificationError as err:  # no retry gets past it: say so at once
+            raise ConfigError(
+                f"{action} blob {key}: the TLS certificate of {parts.hostname} is refused "
+                f"({err.verify_message}): trust its CA (AWS_CA_BUNDLE for the services, "
+                "SSL_CERT_FILE where presigned URLs are read) and check that the URL's host is "
+                "a name on the certificate", field=key) from err
         except (OSError, http.client.HTTPException) as err:
             raise Unavailable(f"{action} blob {key}: {err!r}", field=key) from err
         finally:

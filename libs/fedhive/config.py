@@ -37,6 +37,9 @@ class Settings:
     # Where sites reach S3, when not at `s3_endpoint_url` (another address, a proxy): presigned
     # URLs handed to sites are signed for it. None: the same as `s3_endpoint_url`.
     s3_public_endpoint_url: str | None = None
+    # PEM of the CA that signs an https:// S3 endpoint's certificate (AWS_CA_BUNDLE, the variable
+    # boto3 reads); None: the system's trust store. The services' boto3 calls and reads use it.
+    s3_ca_file: str | None = None
     s3_bucket: str = "fedhive"
     s3_region: str = "us-east-1"
     aws_access_key_id: str | None = field(default=None, repr=False)
@@ -90,7 +93,8 @@ class Settings:
             ),
         }
         for attribute, name in (("amqp_ca_file", "FEDHIVE_AMQP_CA_FILE"),
-                                ("redis_ca_file", "FEDHIVE_REDIS_CA_FILE")):
+                                ("redis_ca_file", "FEDHIVE_REDIS_CA_FILE"),
+                                ("s3_ca_file", "AWS_CA_BUNDLE")):
             values[attribute] = _file(name, get(name, None))
         endpoint = get("FEDHIVE_S3_ENDPOINT_URL", None)
         values["s3_endpoint_url"] = (

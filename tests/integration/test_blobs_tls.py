@@ -1,7 +1,7 @@
-"""The S3 store's own reads over HTTPS trust what its boto3 client trusts: a private CA named by
-`AWS_CA_BUNDLE`, nothing else; a refused certificate is a one-line ConfigError at once. Against
-a real TLS server on loopback (a certificate from a CA the test makes), answering a ranged GET
-as S3 does."""
+"""The S3 store's reads over HTTPS trust the CA its settings name (`AWS_CA_BUNDLE`, as its boto3
+client does), nothing else; a refused certificate is a one-line ConfigError at once. Against a
+real TLS server on loopback (a certificate from a CA the test makes) standing in for S3's
+endpoint, answering a ranged GET as S3 does."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fedhive.blobs import PresignedFetcher
+from fedhive.blobs import S3BlobStore
 from fedhive.blobs.port import BlobLocation
-from fedhive.blobs.s3 import _verify_as_boto3
+from fedhive.config import Settings
 from fedhive.errors import ConfigError
 from tests.fixtures.certs import CertAuthority
 
@@ -54,19 +54,19 @@ def https_url(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 
 def test_the_stores_reads_trust_the_ca_in_aws_ca_bundle_only(
-        https_url: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+        https_url: tuple[str, Path]) -> None:
     url, ca = https_url
-    where = BlobLocation("bucket/key", url)
-    monkeypatch.setenv("AWS_CA_BUNDLE", str(ca))
-    trusting = PresignedFetcher(ssl_context=_verify_as_boto3())
+    endpoint = url.removesuffix("/bucket/key")
+    env = {"FEDHIVE_S3_ENDPOINT_URL": endpoint, "FEDHIVE_S3_BUCKET": "bucket",
+           "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    trusting = S3BlobStore.from_settings(Settings.from_env({**env, "AWS_CA_BUNDLE": str(ca)}))
     dest = bytearray(4)
-    trusting.fetch_range(where, 3, [memoryview(dest)])
-    assert bytes(dest) == b"3456" and trusting.length(where) == len(BODY)
+    trusting.fetch_range(BlobLocation("key"), 3, [memoryview(dest)])
+    assert bytes(dest) == b"3456" and trusting.size("key") == len(BODY)
     trusting.close()
 
-    monkeypatch.delenv("AWS_CA_BUNDLE")
-    system_only = PresignedFetcher(ssl_context=_verify_as_boto3())
-    with pytest.raises(ConfigError, match=r"reading blob bucket/key: the TLS certificate of "
+    system_only = S3BlobStore.from_settings(Settings.from_env(env))
+    with pytest.raises(ConfigError, match=r"reading blob key: the TLS certificate of "
                                           r"127\.0\.0\.1 is refused \(.+\): trust its CA"):
-        system_only.length(where)  # not Unavailable: nothing retries it
+        system_only.size("key")  # not Unavailable: nothing retries it
     system_only.close()

@@ -111,11 +111,14 @@ def test_ca_files_are_read_and_must_exist(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
     settings = Settings.from_env({"FEDHIVE_AMQP_CA_FILE": str(ca),
-                                  "FEDHIVE_REDIS_CA_FILE": str(ca)})
-    assert (settings.amqp_ca_file, settings.redis_ca_file) == (str(ca), str(ca))
+                                  "FEDHIVE_REDIS_CA_FILE": str(ca), "AWS_CA_BUNDLE": str(ca)})
+    assert (settings.amqp_ca_file, settings.redis_ca_file, settings.s3_ca_file) == (
+        str(ca), str(ca), str(ca))
     assert Settings.from_env({}).amqp_ca_file is None  # the system's trust store
     with pytest.raises(ConfigError, match=r"FEDHIVE_REDIS_CA_FILE=.*is not a file"):
         Settings.from_env({"FEDHIVE_REDIS_CA_FILE": str(ca) + ".missing"})
+    with pytest.raises(ConfigError, match=r"AWS_CA_BUNDLE=.*is not a file"):
+        Settings.from_env({"AWS_CA_BUNDLE": str(ca) + ".missing"})
 
 
 def test_redis_cluster_flag() -> None:

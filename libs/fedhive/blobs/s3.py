@@ -28,7 +28,6 @@ dies with them, so its `expires_at_ms` is capped at their expiry.
 
 from __future__ import annotations
 
-import os
 import ssl
 import time
 from collections.abc import Callable, Sequence
@@ -93,12 +92,6 @@ _MAX_EXPIRY = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
 _MIN_PART = 5 * MiB  # S3's smallest part (all but the last)
 
 
-def _verify_as_boto3() -> ssl.SSLContext:
-    """What the store's own reads trust: `AWS_CA_BUNDLE` when set (a private CA's PEM, as its
-    boto3 client does), else the system's CAs."""
-    return ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
-
-
 def _condition(write_once: bool) -> dict[str, Any]:
     """S3's conditional write (AWS, MinIO, SeaweedFS): refused with 412 when the key exists."""
     return {"IfNoneMatch": "*"} if write_once else {}
@@ -125,6 +118,7 @@ class S3BlobStore:
         backoff: Backoff | None = None,
         presigner: S3Client | None = None,
         credentials: Credentials | None = None,
+        ca_file: str | None = None,  # what an https:// endpoint's certificate is checked against
     ) -> None:
         if part_size < _MIN_PART:
             raise InvalidArgument("S3 multipart parts must be at least 5 MiB", field="part_size")
@@ -140,7 +134,8 @@ class S3BlobStore:
         self._backoff = backoff or Backoff()
         # its URLs are wanted for seconds (a size, then the read): a few thousand are plenty
         self._reader = PresignedFetcher(backoff=self._backoff, resign=self._sign_reads,
-                                        keep_urls=_READ_URLS_KEPT, ssl_context=_verify_as_boto3())
+                                        keep_urls=_READ_URLS_KEPT,
+                                        ssl_context=ssl.create_default_context(cafile=ca_file))
 
     @classmethod
     def from_settings(cls, settings: Settings, **options: Any) -> S3BlobStore:
@@ -170,7 +165,8 @@ class S3BlobStore:
             credentials = session.get_credentials()
         except CredentialRetrievalError as err:
             raise _credentials_failed(err) from err
-        client = session.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
+        client = session.client("s3", endpoint_url=settings.s3_endpoint_url, config=config,
+                                verify=settings.s3_ca_file)
         if settings.s3_public_endpoint_url and "presigner" not in options:
             options["presigner"] = session.client(
                 "s3",
@@ -178,7 +174,7 @@ class S3BlobStore:
                 config=config.merge(Config(s3={"addressing_style": "path"})),
             )
         return cls(client, settings.s3_bucket, region=settings.s3_region,
-                   credentials=credentials, **options)
+                   credentials=credentials, ca_file=settings.s3_ca_file, **options)
 
     @property
     def bucket(self) -> str:

@@ -1,17 +1,9 @@
-"""The S3 adapter of the blobs port (boto3), built from `Settings`.
-
-Retries: botocore's own retries are switched off so that every transient failure (connection
-reset, 5xx, throttling) goes through the one policy, `fedhive.retry.Backoff`, per request (one
-part, one range), not per whole transfer.
-
-Checksums: botocore's CRC32 request/response checksums are off ("when_required"). Tensor
-bytes carry a BLAKE3 checksum verified end to end by the codec (S3's whole-object checksums
-cannot cover a ranged read anyway), and on plain-HTTP endpoints SigV4 still hashes each
-payload.
+"""The S3 adapter of the blobs port (boto3), built from `Settings` (clients, retries,
+checksums and credentials: `fedhive.blobs.s3_calls`; multipart uploads from buffers:
+`fedhive.blobs.s3_multipart`).
 
 Presigned URLs are signed for `Settings.s3_public_endpoint_url` when it is set (sites reach S3
-at another address than the services do): a second client, used only to sign (signing is local,
-it never opens a connection), carries that endpoint.
+at another address than the services do).
 
 Reads (`fetch_range`, `read_into`, and `size` as a one-byte read) go through URLs this store
 signs for its own endpoint, read by a `PresignedFetcher` (http.client straight into the
@@ -19,11 +11,8 @@ destination), which keeps each key's URL until S3 refuses it: a 1 MiB ranged rea
 of CPU that way against ~1.3-2 ms through botocore's `get_object`, a size ~0.6 ms against ~1 ms
 for `head_object` (botocore's request pipeline and response parsing; measured here).
 
-Credentials: static keys from `Settings` when set, else boto3's default chain (profile, web
-identity, ECS/EKS container endpoint, EC2 instance metadata). Chain credentials are temporary:
-botocore refreshes them before they expire, in this process, from the same source; nothing here
-copies them anywhere (a child process resolves them through the chain itself). A URL they sign
-dies with them, so its `expires_at_ms` is capped at their expiry.
+Temporary credentials (boto3's chain): a URL they sign dies with them, so its `expires_at_ms`
+is capped at their expiry.
 """
 
 from __future__ import annotations
@@ -31,45 +20,25 @@ from __future__ import annotations
 import ssl
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import IO, TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
-import boto3
 import structlog
 from boto3.s3.transfer import TransferConfig
-from botocore.config import Config
-from botocore.exceptions import (
-    ClientError,
-    ConnectionError,
-    CredentialRetrievalError,
-    HTTPClientError,
-    IncompleteReadError,
-    NoCredentialsError,
-    ResponseStreamingError,
-)
+from botocore.exceptions import ClientError
 
-from fedhive.blobs.failures import s3_failure
+from fedhive.blobs import s3_calls
 from fedhive.blobs.http import PresignedFetcher
 from fedhive.blobs.port import BlobLocation, Bytes, MultipartGrant, PresignedUrl
-from fedhive.blobs.transfer import (
-    GatherReader,
-    MiB,
-    Segment,
-    body_views,
-    plan_reads,
-    run_reads,
-    slice_views,
-)
+from fedhive.blobs.s3_multipart import MAX_PARTS, MIN_PART, put_multipart, stream
+from fedhive.blobs.transfer import MiB, Segment, body_views, plan_reads, run_reads
 from fedhive.config import Settings
 from fedhive.errors import (
     AlreadyExists,
     BlobAccessDenied,
     BlobNotFound,
-    ConfigError,
     FedhiveError,
     InvalidArgument,
-    Unavailable,
 )
 from fedhive.retry import Backoff
 
@@ -81,25 +50,15 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = structlog.get_logger()
 
-_TRANSIENT = (
-    ConnectionError, HTTPClientError, ResponseStreamingError, IncompleteReadError, OSError
-)
-_MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
 _DELETE_BATCH = 1000  # S3's limit on keys per DeleteObjects
 _READ_URL_TTL_S = 3600  # this store's own read URLs (renewed when S3 refuses one)
 _READ_URLS_KEPT = 4096
 _MAX_EXPIRY = 7 * 24 * 3600  # SigV4 presigned URLs live at most 7 days
-_MIN_PART = 5 * MiB  # S3's smallest part (all but the last)
 
 
 def _condition(write_once: bool) -> dict[str, Any]:
     """S3's conditional write (AWS, MinIO, SeaweedFS): refused with 412 when the key exists."""
     return {"IfNoneMatch": "*"} if write_once else {}
-
-
-def _stream(views: list[memoryview]) -> IO[bytes]:
-    """An upload body streamed from the caller's buffers (botocore reads it in small blocks)."""
-    return cast(IO[bytes], GatherReader(views))
 
 
 class S3BlobStore:
@@ -120,7 +79,7 @@ class S3BlobStore:
         credentials: Credentials | None = None,
         ca_file: str | None = None,  # what an https:// endpoint's certificate is checked against
     ) -> None:
-        if part_size < _MIN_PART:
+        if part_size < MIN_PART:
             raise InvalidArgument("S3 multipart parts must be at least 5 MiB", field="part_size")
         self._client = client
         self._presigner = presigner or client
@@ -139,42 +98,11 @@ class S3BlobStore:
 
     @classmethod
     def from_settings(cls, settings: Settings, **options: Any) -> S3BlobStore:
-        """`s3_endpoint_url` None means AWS (virtual-hosted addressing); a custom endpoint
-        (SeaweedFS, MinIO) gets path-style addressing. Credentials: the explicit ones in
-        `settings` when set, else boto3's default chain. `s3_public_endpoint_url`, when set, is
-        the endpoint presigned URLs are signed for. A credentials source that fails (a
-        container endpoint refusing) is `Unavailable`, in one line."""
-        workers = int(options.get("workers", 8))
-        session = boto3.session.Session(
-            aws_access_key_id=settings.aws_access_key_id,
-            aws_secret_access_key=settings.aws_secret_access_key,
-            aws_session_token=settings.aws_session_token,
-            region_name=settings.s3_region,
-        )
-        config = Config(
-            signature_version="s3v4",
-            s3={"addressing_style": "path" if settings.s3_endpoint_url else "auto"},
-            retries={"total_max_attempts": 1},
-            max_pool_connections=max(10, 2 * workers),
-            connect_timeout=10,
-            read_timeout=60,
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-        )
-        try:  # the chain is resolved here, once per session; clients share what it found
-            credentials = session.get_credentials()
-        except CredentialRetrievalError as err:
-            raise _credentials_failed(err) from err
-        client = session.client("s3", endpoint_url=settings.s3_endpoint_url, config=config,
-                                verify=settings.s3_ca_file)
-        if settings.s3_public_endpoint_url and "presigner" not in options:
-            options["presigner"] = session.client(
-                "s3",
-                endpoint_url=settings.s3_public_endpoint_url,
-                config=config.merge(Config(s3={"addressing_style": "path"})),
-            )
-        return cls(client, settings.s3_bucket, region=settings.s3_region,
-                   credentials=credentials, ca_file=settings.s3_ca_file, **options)
+        """The store of `settings` (its clients: `s3_calls.connect`)."""
+        clients = s3_calls.connect(settings, workers=int(options.get("workers", 8)))
+        return cls(clients.client, settings.s3_bucket, region=settings.s3_region,
+                   presigner=clients.presigner, credentials=clients.credentials,
+                   ca_file=settings.s3_ca_file, **options)
 
     @property
     def bucket(self) -> str:
@@ -217,7 +145,7 @@ class S3BlobStore:
                     f"bucket {self._bucket} belongs to another account", field=self._bucket
                 ) from err
             if code != "BucketAlreadyOwnedByYou":  # a concurrent creator won the race: fine
-                raise self._translate(err, "creating", self._bucket) from err
+                raise s3_calls.translate(err, "creating", self._bucket) from err
 
     def put(self, key: str, body: Bytes | Sequence[Bytes]) -> None:
         views = body_views(body)
@@ -227,11 +155,12 @@ class S3BlobStore:
                 "writing",
                 key,
                 lambda: self._client.put_object(
-                    Bucket=self._bucket, Key=key, Body=_stream(views)
+                    Bucket=self._bucket, Key=key, Body=stream(views)
                 ),
             )
         else:
-            self._put_multipart(key, views, total)
+            put_multipart(self._client, self._call, self._bucket, key, views,
+                          part_size=self._part_size, workers=self._workers)
 
     def put_file(self, key: str, file: BinaryIO) -> None:
         # boto3's transfer manager: parts read from the file as they go (workers x part size
@@ -339,7 +268,7 @@ class S3BlobStore:
                 f"multipart upload of blob {key} needs a positive size, not {size}", field="size"
             )
         self._check_expiry(expires_in)
-        part_size = max(part_size, _MIN_PART, -(-size // _MAX_PARTS))
+        part_size = max(part_size, MIN_PART, -(-size // MAX_PARTS))
         upload_id: str = self._call(
             "writing",
             key,
@@ -417,84 +346,5 @@ class S3BlobStore:
         expiry = getattr(self._credentials, "_expiry_time", None)
         return int(expiry.timestamp() * 1000) if isinstance(expiry, datetime) else None
 
-    def _put_multipart(self, key: str, views: list[memoryview], total: int) -> None:
-        part_size = max(self._part_size, -(-total // _MAX_PARTS))
-        bounds = [
-            (number, start, min(start + part_size, total))
-            for number, start in enumerate(range(0, total, part_size), start=1)
-        ]
-        upload_id = self._call(
-            "writing",
-            key,
-            lambda: self._client.create_multipart_upload(Bucket=self._bucket, Key=key),
-        )["UploadId"]
-
-        def upload(number: int, start: int, stop: int) -> CompletedPartTypeDef:
-            pieces = slice_views(views, start, stop)
-            answer = self._call(
-                "writing",
-                key,
-                lambda: self._client.upload_part(
-                    Bucket=self._bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                    Body=_stream(pieces),
-                ),
-            )
-            return {"ETag": answer["ETag"], "PartNumber": number}
-
-        pool = ThreadPoolExecutor(max_workers=min(self._workers, len(bounds)))
-        try:
-            futures = [pool.submit(upload, *bound) for bound in bounds]
-            parts = [future.result() for future in futures]
-            self._call(
-                "writing",
-                key,
-                lambda: self._client.complete_multipart_upload(
-                    Bucket=self._bucket, Key=key, UploadId=upload_id,
-                    MultipartUpload={"Parts": parts},
-                ),
-            )
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            try:
-                self._client.abort_multipart_upload(
-                    Bucket=self._bucket, Key=key, UploadId=upload_id
-                )
-            except (ClientError, *_TRANSIENT) as err:
-                log.warning("abort multipart upload failed", key=key, error=repr(err))
-            raise
-        finally:
-            pool.shutdown(wait=True)
-
     def _call(self, action: str, key: str, fn: Callable[[], T]) -> T:
-        """Run one S3 request with typed errors, retrying transient ones with Backoff."""
-
-        def once() -> T:
-            try:
-                return fn()
-            except ClientError as err:
-                raise self._translate(err, action, key) from err
-            except NoCredentialsError as err:
-                raise ConfigError(f"{action} blob {key}: no S3 credentials: set "
-                                  "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give the "
-                                  "process a role (instance profile, ECS/EKS task role, "
-                                  "AWS_PROFILE)", field="AWS_ACCESS_KEY_ID") from err
-            except CredentialRetrievalError as err:  # a refresh failed: maybe a blip, retried
-                raise _credentials_failed(err) from err
-            except _TRANSIENT as err:
-                raise Unavailable(f"{action} blob {key}: {err!r}", field=key) from err
-
-        def on_retry(err: BaseException, wait: float) -> None:
-            log.warning("s3 request retried", key=key, action=action, error=str(err), wait=wait)
-
-        return self._backoff.call(once, retry_on=(Unavailable,), on_retry=on_retry)
-
-    @staticmethod
-    def _translate(err: ClientError, action: str, key: str) -> FedhiveError:
-        error = err.response.get("Error", {})
-        status = int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-        return s3_failure(status, error.get("Code", ""), error.get("Message", ""), key, action)
-
-
-def _credentials_failed(err: CredentialRetrievalError) -> Unavailable:
-    """botocore names the source (container-role, sso, ...); its error body may span lines."""
-    return Unavailable(f"S3 credentials: {' '.join(str(err).split())}", field="credentials")
+        return s3_calls.call(self._backoff, action, key, fn)

@@ -7,7 +7,7 @@ import threading
 import pytest
 from google.protobuf.message import Message
 
-from fedhive.bus import Bus, Delivery, Pending
+from fedhive.bus import Bus, Delivery, Pending, RabbitBus
 from fedhive.errors import FedhiveError, NotFound, RpcTimeout, Unroutable
 from fedhive.names import Names
 from fedhive.proto.v1 import common_pb2, job_pb2, site_pb2
@@ -229,3 +229,47 @@ def test_errors_cross_as_fedhive_errors(bus: Bus, namespace: str) -> None:
     with pytest.raises(FedhiveError, match="plain failure") as caught:
         bus.call(queue, site_pb2.CheckResourcesRequest(), site_pb2.CheckResourcesReply, timeout=10)
     assert type(caught.value) is FedhiveError
+
+
+def test_quick_messages_are_answered_refused_and_parked_like_the_rest(
+    bus: Bus, namespace: str
+) -> None:
+    """The messages a consumer's `quick` predicate picks (handled on the connection thread of a
+    transport that has one, not handed to a handler thread) get every outcome the others get:
+    a reply, a typed error, a reply given later from another thread."""
+    queue = Names(namespace).site_queue("quick")
+    threads: dict[str, str] = {}
+    parked: list[Pending] = []
+
+    def handler(message: Message, delivery: Delivery) -> Message | Pending:
+        assert isinstance(message, site_pb2.CheckResourcesRequest)
+        threads[message.job_id] = threading.current_thread().name
+        if message.job_id.endswith("missing"):
+            raise NotFound(f"no job {message.job_id}", field="job_id")
+        if message.job_id.endswith("later"):
+            pending = Pending()
+            parked.append(pending)
+            return pending
+        return reserve(message, delivery)
+
+    bus.serve(queue, handler, CHECK, prefetch=4, concurrency=2,
+              quick=lambda message: message.job_id.startswith("q-"))
+
+    def call(job: str) -> str:
+        return bus.call(queue, site_pb2.CheckResourcesRequest(job_id=job),
+                        site_pb2.CheckResourcesReply, timeout=10).token
+
+    assert call("q-1") == "tok-q-1" and call("slow") == "tok-slow"
+    with pytest.raises(NotFound, match="no job q-missing"):
+        call("q-missing")
+    later: dict[str, str] = {}
+    caller = threading.Thread(target=lambda: later.update(token=call("q-later")))
+    caller.start()
+    wait_for(lambda: parked, timeout=10, what="the quick request parked")
+    parked[0].complete(site_pb2.CheckResourcesReply(ok=True, token="given later"))
+    caller.join(timeout=10)
+    assert later == {"token": "given later"}
+    if isinstance(bus, RabbitBus):  # it has an I/O thread: quick ones stay on it
+        assert threads["q-1"].startswith("bus-consumer-")
+        assert threads["q-later"].startswith("bus-consumer-")
+        assert threads["slow"].startswith("bus-handler-")

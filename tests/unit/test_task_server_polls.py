@@ -135,3 +135,19 @@ def test_closing_answers_parked_polls_try_again(server: TaskServer) -> None:
     server.close()
     assert answered(poll).kind == _A.KIND_TRY_AGAIN
     assert answered(server.get_task("s3", 10_000)).kind == _A.KIND_TRY_AGAIN  # never parked
+
+
+def test_only_results_whose_arrays_all_came_inline_are_quick() -> None:
+    """Such a result waits on nothing (no stored object for S3 to confirm): the consumer folds
+    it on its own thread; any other message goes to a handler thread."""
+    inline = task_pb2.TaskResult(site="s1", return_code="OK")
+    inline.data.tensors.add(name="w", dtype="float32", shape=[4], length=16,
+                            inline_data=bytes(16))
+    stored = task_pb2.TaskResult(site="s1", return_code="OK")
+    stored.data.tensors.add(name="w", dtype="float32", shape=[4], length=16, key="k/blake3/ab")
+    stored.data.tensors.add(name="b", dtype="float32", shape=[1], length=4, inline_data=bytes(4))
+    assert TaskServer.quick(inline)
+    assert TaskServer.quick(task_pb2.TaskResult(site="s1", return_code="OK"))  # no data
+    assert not TaskServer.quick(stored)
+    assert not TaskServer.quick(task_pb2.GetTaskRequest(site="s1", wait_ms=1000))
+    assert not TaskServer.quick(task_pb2.GrantUploadRequest(site="s1"))

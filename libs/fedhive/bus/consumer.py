@@ -3,7 +3,10 @@
 The connection thread only does AMQP: it decodes each delivery, hands the decoded message to the
 pool, and keeps servicing the connection (heartbeats included) however long the handler runs.
 When the handler returns, its outcome comes back through `add_callback_threadsafe` and the
-connection thread replies/acks. So a message is acked only after its handler returned:
+connection thread replies/acks. A message the consumer's `quick` predicate picks (work that
+takes a fraction of a millisecond and waits on nothing: a server job folding an inline result)
+is handled on the connection thread itself: the two thread hand-offs cost more than the work
+(bench/RESULTS.md, scale). Either way a message is acked only after its handler returned:
 
 * returned normally: reply (for an RPC request) and ack;
 * raised a `FedhiveError` (a domain error, it will never succeed): an RPC request gets a
@@ -143,6 +146,7 @@ class Pending:
 
 
 Handler = Callable[[Message, Delivery], Message | Encoded | Pending | None]
+Quick = Callable[[Message], bool]  # handled on the connection thread (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -291,12 +295,14 @@ class Consumer:
         *,
         prefetch: int = 1,
         concurrency: int = 1,
+        quick: Quick | None = None,
         redelivery: Backoff = REDELIVERY,
     ) -> None:
         self.spec = spec
         self._params = params
         self._topology = topology
         self._handler = handler
+        self._quick = quick
         self._accepts = accepts
         self._senders = senders
         self._prefetch = max(prefetch, concurrency)
@@ -414,6 +420,10 @@ class Consumer:
                            user_id=self._user_id)
             return
         session.unsettled.add(tag)
+        if self._quick is not None and self._quick(admission.message):
+            self._settle(session, tag, delivery,
+                         handle(self._handler, admission.message, delivery, self._log))
+            return
         future = self._pool.submit(handle, self._handler, admission.message, delivery, self._log)
         future.add_done_callback(partial(self._hand_back, session, tag, delivery))
 
@@ -424,17 +434,15 @@ class Consumer:
         self, session: _Session, tag: int, delivery: Delivery, future: Future[Outcome]
     ) -> None:
         """Runs in the handler thread: pass the outcome to the connection thread."""
-        _on_connection(session, partial(self._settle, session, tag, delivery, future))
+        failed = future.cancelled() or future.exception() is not None
+        outcome = Outcome(retry=True) if failed else future.result()
+        _on_connection(session, partial(self._settle, session, tag, delivery, outcome))
 
-    def _settle(
-        self, session: _Session, tag: int, delivery: Delivery, future: Future[Outcome]
-    ) -> None:
+    def _settle(self, session: _Session, tag: int, delivery: Delivery, outcome: Outcome) -> None:
         channel = session.channel
         if not channel.is_open:
             session.unsettled.discard(tag)
             return
-        failed = future.cancelled() or future.exception() is not None
-        outcome = Outcome(retry=True) if failed else future.result()
         if outcome.pending is not None:  # not waited for by `stop`: requeued if it comes late
             session.unsettled.discard(tag)
             outcome.pending.bind(partial(self._hand_back_reply, session, tag, delivery))

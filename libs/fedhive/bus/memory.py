@@ -6,8 +6,8 @@ as `RabbitBus` sends them (`properties`, the serialized body), and consumers dec
 same functions (`fedhive.bus.consumer.admit` and `handle`), so handlers get fresh objects, and
 type, sender and reply-address checks, typed errors, redelivery and dead letters behave as they
 do on the broker. What differs, on purpose:
-* no connections, so nothing to lose or reconnect; `prefetch` is not used: each of a
-  consumer's `concurrency` threads takes a message when it is free;
+* no connections, so nothing to lose or reconnect; `prefetch` and `quick` are not used: each
+  of a consumer's `concurrency` threads takes a message when it is free and handles it;
 * the broker counts failed deliveries on every queue (RabbitMQ's quorum queues do; on a
   classic queue `RabbitBus`'s consumer counts) and dead-letters a message past the limit;
 * a `Pending` reply is sent whenever it completes (nothing is left unacked to requeue);
@@ -39,6 +39,7 @@ from fedhive.bus.consumer import (
     Admission,
     Delivery,
     Handler,
+    Quick,
     admit,
     handle,
 )
@@ -134,6 +135,7 @@ class MemoryBus:
         prefetch: int = 1,
         concurrency: int = 1,
         replicated: bool = True,
+        quick: Quick | None = None,
     ) -> _Consumer:
         spec = self.topology.command_queue(queue, binding_keys,
                                            queue_type=QUORUM if replicated else CLASSIC)

@@ -13,7 +13,7 @@ from google.protobuf.message import Message
 from fedhive.bus.batch import BatchConsumer, BatchHandler
 from fedhive.bus.codec import TypeRegistry
 from fedhive.bus.connection import DEFAULT_HEARTBEAT, connect, connection_parameters, user_name
-from fedhive.bus.consumer import REDELIVERY, Consumer, Handler
+from fedhive.bus.consumer import REDELIVERY, Consumer, Handler, Quick
 from fedhive.bus.publisher import REPUBLISH, Publisher
 from fedhive.bus.rpc import RpcClient
 from fedhive.bus.senders import Senders
@@ -113,10 +113,11 @@ class RabbitBus:
         prefetch: int = 1,
         concurrency: int = 1,
         replicated: bool = True,
+        quick: Quick | None = None,
     ) -> Consumer:
         spec = self.topology.command_queue(queue, binding_keys,
                                            queue_type=QUORUM if replicated else CLASSIC)
-        return self._start(spec, handler, accepts, senders, prefetch, concurrency)
+        return self._start(spec, handler, accepts, senders, prefetch, concurrency, quick)
 
     def subscribe(
         self,
@@ -162,11 +163,12 @@ class RabbitBus:
         senders: Senders | None,
         prefetch: int,
         concurrency: int,
+        quick: Quick | None = None,
     ) -> Consumer:
         consumer = Consumer(
             self._params(f"consumer.{spec.name}"), self.topology, spec, handler,
             TypeRegistry(accepts), senders or Senders.only(self.user), prefetch=prefetch,
-            concurrency=concurrency, redelivery=self._redelivery,
+            concurrency=concurrency, quick=quick, redelivery=self._redelivery,
         )
         consumer.start()
         with self._lock:

@@ -115,6 +115,7 @@ class TaskServer:
             queue, self.handle, self.ACCEPTS, prefetch=2 * len(self.ctx.sites) + handlers,
             concurrency=handlers,
             replicated=False,
+            quick=self.quick,
             binding_keys=[names.job_site_route(self.ctx.job_id, site) for site in self.ctx.sites],
             senders=Senders.only(self._service_user,
                                  *(names.site_user(site) for site in self.ctx.sites)))
@@ -123,6 +124,14 @@ class TaskServer:
     def _names(self) -> Names:
         assert self.ctx.names is not None
         return self.ctx.names
+
+    @staticmethod
+    def quick(message: Message) -> bool:
+        """A result whose arrays all came inline: checked and folded, and its long poll parked
+        (or answered from the encoded task data), on the consumer's own thread; one naming
+        stored objects, which S3 must confirm, goes to a handler thread."""
+        return isinstance(message, task_pb2.TaskResult) and not any(
+            tensor.key for tensor in message.data.tensors)
 
     def handle(self, message: Message, delivery: Delivery) -> Message | Encoded | Pending | None:
         if isinstance(message, runner_pb2.SiteGone):

@@ -83,7 +83,11 @@ class TaskManager:
         self._clock = clock
         self._log = log if log is not None else structlog.get_logger("fedhive.fl.tasks")
         self._check_period = check_period
-        self._cond = threading.Condition(threading.Lock())  # every change: every wait
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # every change wakes its waits (long polls)
+        # wakes `wait` (a workflow waiting for its task): a change for every site or a task
+        # completed, not one site's result or pick (the submitter runs the exit rules itself)
+        self._settled = threading.Condition(lock)
         self._entries: dict[str, _Entry] = {}  # task id -> entry, in scheduling order
         self._live: dict[str, ClientTask] = {}  # assignment id -> assignment of a standing task
         self._retired: OrderedDict[str, tuple[str, str, str]] = OrderedDict()  # id -> site, ...
@@ -352,7 +356,7 @@ class TaskManager:
             self.check()
             with self._cond:
                 if task.id in self._entries:
-                    self._cond.wait(self._check_period)
+                    self._settled.wait(self._check_period)
 
     def wait_for_work(self, timeout: float, site: str | None = None) -> bool:
         """For a site polling in a loop of its own (the task server parks its polls instead):
@@ -411,6 +415,8 @@ class TaskManager:
         for name in self._sites if site is None else (site,):
             self._versions[name] += 1
         self._cond.notify_all()
+        if site is None:
+            self._settled.notify_all()
 
     def _require_site(self, site: str) -> None:
         if site not in self._sites:

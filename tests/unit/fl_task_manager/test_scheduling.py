@@ -317,3 +317,30 @@ def test_wait_cancels_with_aborted_when_abort_is_set(tm: TaskManager) -> None:
 def test_wait_on_an_unscheduled_task_is_an_error(tm: TaskManager) -> None:
     with pytest.raises(InvalidArgument, match="never scheduled"):
         tm.wait(make_task())
+
+
+def test_wait_wakes_when_its_task_completes_not_on_each_result(clock: Clock) -> None:
+    """The submitter runs the exit rules itself: a workflow waiting on a broadcast to many
+    sites is not woken by each one's result (a thread switch per result), only by the end."""
+    tm = TaskManager(SITES, clock=clock, check_period=30)  # no periodic wake within the test
+    task = make_task()
+    tm.broadcast(task, min_responses=3)
+    waiter_checks: list[float] = []
+    check = tm.check
+
+    def counted() -> list[Task]:
+        if threading.current_thread() is waiter:
+            waiter_checks.append(clock())
+        return check()
+
+    tm.check = counted  # type: ignore[method-assign]
+    waiter = threading.Thread(target=tm.wait, args=(task,))
+    waiter.start()
+    assigned = [take(tm, site) for site in SITES]
+    answer(tm, assigned[0])
+    answer(tm, assigned[1])
+    waiter.join(timeout=0.3)
+    assert waiter.is_alive() and len(waiter_checks) <= 1  # its first look only
+    answer(tm, assigned[2])
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and task.completion_status is CompletionStatus.OK

@@ -21,7 +21,7 @@ from fedhive.config import Settings
 from fedhive.fl.dxo import DataKind, Dxo
 from fedhive.fl.task_manager import TaskManager
 from fedhive.fl.task_server import TaskServer
-from fedhive.fl.tasks import SendOrder, Task
+from fedhive.fl.tasks import Result, ReturnCode, SendOrder, Task
 from fedhive.fl.workflow import WorkflowContext
 from fedhive.names import Names
 from fedhive.proto.v1 import task_pb2
@@ -128,6 +128,17 @@ def test_a_send_turn_opening_by_the_clock_reaches_a_parked_poll(server: TaskServ
     poll = server.get_task("s2", 10_000)
     not_yet(poll, 0.2)
     assert answered(poll, 3).kind == _A.KIND_TASK
+
+
+def test_a_relay_result_reaches_the_next_sites_parked_poll(server: TaskServer) -> None:
+    """s2's turn opens with s1's result: a change for every site, which wakes the dispatcher
+    (one site's own change, as a broadcast result, does not)."""
+    server.tasks.relay(task("relay"), ["s1", "s2"])
+    first = answered(server.get_task("s1", 0))
+    poll = server.get_task("s2", 10_000)
+    not_yet(poll)
+    server.tasks.submit("s1", first.task_id, Result(ReturnCode.OK, None))
+    assert answered(poll).kind == _A.KIND_TASK
 
 
 def test_closing_answers_parked_polls_try_again(server: TaskServer) -> None:

@@ -98,6 +98,7 @@ class TaskManager:
         self._versions = dict.fromkeys(self._sites, 0)  # site -> changes it may care about
         self._seen: dict[str, int] = {}  # site -> its version at its latest next_task
         self._in_callback = threading.local()  # .tasks: ids of tasks whose callback runs here
+        self._listeners: list[Callable[[str | None], None]] = []
 
     # -- scheduling -------------------------------------------------------------------------
 
@@ -374,12 +375,11 @@ class TaskManager:
             since = self._seen.get(site, self._versions[site])
             return self._cond.wait_for(lambda: self._versions[site] != since, timeout)
 
-    def wait_for_change(self, since: int, timeout: float) -> int:
-        """For one dispatcher of many long polls: wait until a change came after change number
-        `since` (at most `timeout`); the change number now (0 before any change)."""
+    def on_change(self, listener: Callable[[str | None], None]) -> None:
+        """Call `listener(site)` on every change (None: one for every site), as `changed_for`
+        counts them; under the manager's lock, so it may only take note (set a flag)."""
         with self._cond:
-            self._cond.wait_for(lambda: self._version != since, timeout)
-            return self._version
+            self._listeners.append(listener)
 
     def turns_open_by_clock(self) -> bool:
         """Whether a standing task can make a site eligible as time passes alone."""
@@ -417,6 +417,8 @@ class TaskManager:
         self._cond.notify_all()
         if site is None:
             self._settled.notify_all()
+        for listener in self._listeners:
+            listener(site)
 
     def _require_site(self, site: str) -> None:
         if site not in self._sites:

@@ -103,7 +103,9 @@ class TaskServer:
         self._ended: set[str] = set()  # sites told END_RUN, or gone
         self._polls: dict[str, _Poll] = {}  # site -> its parked long poll
         self._dispatcher: threading.Thread | None = None  # started with the first parked poll
+        self._wake = threading.Event()  # a change concerns a parked poll: the dispatcher looks
         self._closed = threading.Event()
+        self.tasks.on_change(self._noted)
 
     # bus entry point ----------------------------------------------------------------------
     def serve(self, bus: Bus, queue: str, *, handlers: int) -> Subscription:
@@ -205,6 +207,7 @@ class TaskServer:
     def close(self) -> None:
         """Stop the dispatcher; every poll still parked is answered TRY_AGAIN."""
         self._closed.set()
+        self._wake.set()
         with self._lock:
             dispatcher, polls = self._dispatcher, list(self._polls.values())
             self._polls.clear()
@@ -318,18 +321,28 @@ class TaskServer:
         if reply is None:
             if self._clock() < poll.deadline and not self.ctx.abort.is_set():
                 self._park(site, poll, again=True)
+                if self.tasks.changed_for([site]):  # one while it was out: look again
+                    self._wake.set()
                 return
             reply = _A(kind=_A.KIND_TRY_AGAIN, result=poll.verdict)
         poll.pending.complete(reply)
+
+    def _noted(self, site: str | None) -> None:
+        """The task manager's change listener (under its lock: only a flag is set). A change
+        for one site wakes the dispatcher only when that site has a poll parked: a broadcast's
+        results, each one site's change, wake no thread (the poll parked after it looks at
+        changes itself)."""
+        if site is None or site in self._polls:
+            self._wake.set()
 
     def _dispatch(self) -> None:
         """Answer the parked polls that a change of the task manager concerns as it comes;
         every WAIT_SLICE_S also those past their deadline, and all of them while the job
         aborts or a standing task's turns open by the clock."""
-        seen = 0
         sweep_at = self._clock() + WAIT_SLICE_S
         while not self._closed.is_set():
-            seen = self.tasks.wait_for_change(seen, max(0.0, sweep_at - self._clock()))
+            self._wake.wait(max(0.0, sweep_at - self._clock()))
+            self._wake.clear()  # before looking: a change from now on sets it again
             now = self._clock()
             with self._lock:
                 parked = list(self._polls.items())

@@ -190,6 +190,25 @@ def test_a_broadcast_result_wakes_no_other_sites_long_poll(tm: TaskManager) -> N
     assert tm.wait_for_work(0, site="b") is False
 
 
+def test_change_listeners_hear_whom_each_change_concerns(tm: TaskManager) -> None:
+    """What the task server's dispatcher wakes on: one site's changes name that site (a
+    broadcast result, a pick), changes for every site name none (a new task, a relay result
+    that opens the next turn, a completion, a site gone)."""
+    heard: list[str | None] = []
+    tm.on_change(heard.append)
+    tm.broadcast(make_task(), min_responses=2, targets=["a", "b"])
+    assert heard == [None]
+    a = take(tm, "a")
+    answer(tm, a)
+    assert heard[1:] == ["a", "a"]  # the pick, the result
+    heard.clear()
+    answer(tm, take(tm, "b"))  # the last: the task completes
+    assert heard[:2] == ["b", "b"] and heard[2:] == [None]
+    heard.clear()
+    tm.site_gone("c")
+    assert heard == [None]
+
+
 def test_a_relay_result_wakes_the_site_whose_turn_it_opens(tm: TaskManager) -> None:
     tm.relay(make_task(), ["a", "b"])
     a = take(tm, "a")

@@ -7,7 +7,7 @@ import threading
 import pytest
 from google.protobuf.message import Message
 
-from fedhive.bus import Bus, Delivery, Pending, RabbitBus
+from fedhive.bus import Bus, Delivery, Encoded, Pending, RabbitBus
 from fedhive.errors import FedhiveError, NotFound, RpcTimeout, Unroutable
 from fedhive.names import Names
 from fedhive.proto.v1 import common_pb2, job_pb2, site_pb2
@@ -273,3 +273,22 @@ def test_quick_messages_are_answered_refused_and_parked_like_the_rest(
         assert threads["q-1"].startswith("bus-consumer-")
         assert threads["q-later"].startswith("bus-consumer-")
         assert threads["slow"].startswith("bus-handler-")
+
+
+def test_an_encoded_reply_reaches_its_caller_with_its_head_merged(
+    bus: Bus, namespace: str
+) -> None:
+    """A body shared by many callers goes out as it is, each caller's own part beside it."""
+    queue = Names(namespace).site_queue("encoded")
+    shared = site_pb2.CheckResourcesReply(ok=True).SerializeToString()
+
+    def handler(message: Message, delivery: Delivery) -> Encoded:
+        assert isinstance(message, site_pb2.CheckResourcesRequest)
+        own = site_pb2.CheckResourcesReply(token=f"tok-{message.job_id}")
+        return Encoded(site_pb2.CheckResourcesReply, shared, own.SerializeToString())
+
+    bus.serve(queue, handler, CHECK)
+    for job in ("j1", "j2"):
+        reply = bus.call(queue, site_pb2.CheckResourcesRequest(job_id=job),
+                         site_pb2.CheckResourcesReply, timeout=10)
+        assert reply == site_pb2.CheckResourcesReply(ok=True, token=f"tok-{job}")

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from fedhive.bus.codec import TypeRegistry, error_from_message, error_message, type_name
+from fedhive.bus.codec import (
+    HEAD_HEADER,
+    Encoded,
+    TypeRegistry,
+    encode,
+    error_from_message,
+    error_message,
+    type_name,
+)
 from fedhive.bus.connection import connection_parameters, user_name
 from fedhive.bus.publisher import properties
 from fedhive.bus.topology import Topology
@@ -130,3 +138,22 @@ def test_queue_specs_bind_by_name_and_patterns() -> None:
 def test_commands_are_persistent_and_rpc_requests_may_be_transient() -> None:
     assert properties(site_pb2.AbortRequest).delivery_mode == 2
     assert properties(site_pb2.AbortRequest, persistent=False).delivery_mode == 1
+
+
+def test_an_encoded_reply_is_its_shared_body_with_its_own_head_merged_over_it() -> None:
+    """What a caller of a broadcast's task gets: the body shared by every caller, sent as it is,
+    and its own part in a header; the head wins where both set a field."""
+    body = site_pb2.CheckResourcesReply(ok=True, token="shared").SerializeToString()
+    head = site_pb2.CheckResourcesReply(token="own").SerializeToString()
+    reply = Encoded(site_pb2.CheckResourcesReply, body, head)
+    sent, kind, headers = encode(reply)
+    assert sent is body and kind is site_pb2.CheckResourcesReply and headers == {HEAD_HEADER: head}
+    assert reply.decode() == site_pb2.CheckResourcesReply(ok=True, token="own")
+    assert encode(Encoded(site_pb2.CheckResourcesReply, body))[2] == {}  # no head, no header
+
+
+def test_a_head_that_does_not_parse_is_malformed_naming_the_header() -> None:
+    bad = Encoded(site_pb2.CheckResourcesReply, b"", b"\xff\xff")
+    with pytest.raises(MalformedMessage, match=HEAD_HEADER) as caught:
+        bad.decode()
+    assert caught.value.field == HEAD_HEADER

@@ -50,7 +50,7 @@ def server(tmp_path: Path) -> Iterator[TaskServer]:
 def answered(answer: Message | Encoded | Pending, timeout: float = 5) -> task_pb2.TaskAssignment:
     reply = given(answer, timeout)
     if isinstance(reply, Encoded):
-        return _A.FromString(reply.body)
+        return reply.decode()
     assert isinstance(reply, _A), reply
     return reply
 

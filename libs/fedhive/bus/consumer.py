@@ -172,11 +172,11 @@ class Admission:
 def send_reply(channel: Any, delivery: Delivery, reply: Message | Encoded, *,
                topology: Topology, user_id: str | None) -> None:
     """Publish `reply` to `delivery`'s caller on a pika channel (see the module docstring)."""
-    body, kind = encode(reply)
+    body, kind, headers = encode(reply)
     reply_to = delivery.reply_to or ""
     exchange = "" if reply_to.startswith(DIRECT_REPLY_TO) else topology.names.replies_exchange
     channel.basic_publish(exchange, reply_to, body, properties(
-        kind, user_id=user_id, correlation_id=delivery.correlation_id))
+        kind, user_id=user_id, correlation_id=delivery.correlation_id, headers=headers))
 
 
 def settle_refused(channel: Any, tag: int, delivery: Delivery, admission: Admission, *,

@@ -45,7 +45,7 @@ from fedhive.bus.consumer import (
 )
 from fedhive.bus.memory_broker import MemoryBroker, Queued
 from fedhive.bus.publisher import properties
-from fedhive.bus.rpc import answerers, decode_reply, unanswered
+from fedhive.bus.rpc import Reply, answerers, decode_reply, reply_of, unanswered
 from fedhive.bus.senders import Senders
 from fedhive.bus.topology import CLASSIC, DEFAULT_DELIVERY_LIMIT, QUORUM, QueueSpec, Topology
 from fedhive.errors import FedhiveError, Unavailable, Unroutable
@@ -202,9 +202,10 @@ class MemoryBus:
                                     message.SerializeToString(), props)
 
     def _reply(self, delivery: Delivery, reply: Message | Encoded) -> None:
-        body, kind = encode(reply)
+        body, kind, headers = encode(reply)
         self._broker.reply(self.user, delivery.reply_to or "", body,
-                           properties(kind, correlation_id=delivery.correlation_id))
+                           properties(kind, correlation_id=delivery.correlation_id,
+                                      headers=headers))
 
     def _admit(self, queue: str, message: Queued, senders: Senders,
                accepts: TypeRegistry) -> tuple[Delivery, Admission]:
@@ -402,7 +403,7 @@ class _RpcClient:
                           else topology.names.reply_queue(tag))
         self._arrived = threading.Condition()  # guards the three below
         self._outstanding: dict[str, tuple[str, frozenset[str]]] = {}  # id -> target, answerers
-        self._replies: dict[str, tuple[str, bytes]] = {}  # id -> (type name, body)
+        self._replies: dict[str, Reply] = {}  # correlation id -> the reply
         self._closed = False
         broker.listen(self._reply_to, self._on_reply)
 
@@ -467,5 +468,5 @@ class _RpcClient:
                             target=target, accepted=sorted(allowed))
                 return
             del self._outstanding[props.correlation_id]
-            self._replies[props.correlation_id] = (props.type or "", body)
+            self._replies[props.correlation_id] = reply_of(props, body)
             self._arrived.notify_all()

@@ -33,7 +33,7 @@ import pika.exceptions
 import structlog
 from google.protobuf.message import Message
 
-from fedhive.bus.codec import ERROR_TYPE, error_from_message, parse
+from fedhive.bus.codec import ERROR_TYPE, HEAD_HEADER, error_from_message, merged, parse
 from fedhive.bus.connection import CONNECTION_LOST, GuardedConnection, user_name
 from fedhive.bus.consumer import DIRECT_REPLY_TO
 from fedhive.bus.publisher import REPUBLISH, properties
@@ -72,7 +72,7 @@ class RpcClient:
         self._backoff = backoff
         self._outstanding: dict[str, _Request] = {}  # by correlation id; guarded by the lock
         self._generation = 0  # bumped per new channel; guarded by the lock
-        self._replies: dict[str, tuple[str, bytes] | FedhiveError] = {}
+        self._replies: dict[str, Reply | FedhiveError] = {}
         self._arrived = threading.Condition()  # guards _replies
         self._conn = GuardedConnection(params, self._setup, backoff=backoff)
 
@@ -221,9 +221,9 @@ class RpcClient:
                         target=request.target, accepted=sorted(request.answerers))
             return
         del self._outstanding[props.correlation_id]
-        self._file(props.correlation_id, (props.type or "", body))
+        self._file(props.correlation_id, reply_of(props, body))
 
-    def _file(self, correlation_id: str, reply: tuple[str, bytes] | FedhiveError) -> None:
+    def _file(self, correlation_id: str, reply: Reply | FedhiveError) -> None:
         with self._arrived:
             self._replies[correlation_id] = reply
             self._arrived.notify_all()
@@ -246,13 +246,20 @@ def unanswered(target: str, timeout: float, *, closed: bool) -> FedhiveError:
     return RpcTimeout(f"no reply from {target} within {timeout}s", field=target)
 
 
-def decode_reply(
-    target: str, reply: tuple[str, bytes] | FedhiveError, reply_type: type[M]
-) -> M | FedhiveError:
-    """A reply (type name, body) as `reply_type`, or the typed error it carries."""
+Reply = tuple[str, bytes, bytes]  # type name, body, head (`fedhive.bus.codec.Encoded`)
+
+
+def reply_of(props: Any, body: bytes) -> Reply:
+    """A reply as it arrived: its type name, body and the head merged over the body."""
+    head = (props.headers or {}).get(HEAD_HEADER, b"")
+    return props.type or "", body, head if isinstance(head, bytes) else b""
+
+
+def decode_reply(target: str, reply: Reply | FedhiveError, reply_type: type[M]) -> M | FedhiveError:
+    """A reply as `reply_type`, or the typed error it carries."""
     if isinstance(reply, FedhiveError):
         return reply
-    name, body = reply
+    name, body, head = reply
     try:
         if name == ERROR_TYPE:
             return error_from_message(parse(common_pb2.Error, body, queue=target))
@@ -262,6 +269,6 @@ def decode_reply(
                 f"expected {reply_type.DESCRIPTOR.full_name}",
                 field="type",
             )
-        return parse(reply_type, body, queue=target)
+        return merged(reply_type, body, head, queue=target)
     except MalformedMessage as err:
         return err

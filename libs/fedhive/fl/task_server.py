@@ -376,7 +376,7 @@ class TaskServer:
         own = _A(kind=_A.KIND_TASK, task_id=client_task.id, task_name=task.name,
                  props=dict_to_struct(task.props), timeout_ms=int(task.timeout * 1000),
                  result=verdict)
-        return Encoded(_A, own.SerializeToString() + packed.encoded)
+        return Encoded(_A, packed.encoded, head=own.SerializeToString())
 
     def _task_data(self, task: Task, data: Dxo, receivers: int) -> _Packed:
         """The assignment's `data` field, encoded once per task for all its sites: its arrays

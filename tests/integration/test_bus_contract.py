@@ -8,6 +8,7 @@ import pytest
 from google.protobuf.message import Message
 
 from fedhive.bus import Bus, Delivery, Encoded, Pending, RabbitBus
+from fedhive.bus.codec import HEAD_MAX
 from fedhive.errors import FedhiveError, NotFound, RpcTimeout, Unroutable
 from fedhive.names import Names
 from fedhive.proto.v1 import common_pb2, job_pb2, site_pb2
@@ -278,7 +279,8 @@ def test_quick_messages_are_answered_refused_and_parked_like_the_rest(
 def test_an_encoded_reply_reaches_its_caller_with_its_head_merged(
     bus: Bus, namespace: str
 ) -> None:
-    """A body shared by many callers goes out as it is, each caller's own part beside it."""
+    """A body shared by many callers goes out as it is, each caller's own part beside it (in a
+    header up to HEAD_MAX, which the broker takes; joined to the body past it)."""
     queue = Names(namespace).site_queue("encoded")
     shared = site_pb2.CheckResourcesReply(ok=True).SerializeToString()
 
@@ -288,7 +290,7 @@ def test_an_encoded_reply_reaches_its_caller_with_its_head_merged(
         return Encoded(site_pb2.CheckResourcesReply, shared, own.SerializeToString())
 
     bus.serve(queue, handler, CHECK)
-    for job in ("j1", "j2"):
+    for job in ("j1", "j2", "h" * (HEAD_MAX - 16), "h" * (2 * HEAD_MAX)):
         reply = bus.call(queue, site_pb2.CheckResourcesRequest(job_id=job),
                          site_pb2.CheckResourcesReply, timeout=10)
         assert reply == site_pb2.CheckResourcesReply(ok=True, token=f"tok-{job}")

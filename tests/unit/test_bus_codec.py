@@ -9,6 +9,7 @@ import pytest
 
 from fedhive.bus.codec import (
     HEAD_HEADER,
+    HEAD_MAX,
     Encoded,
     TypeRegistry,
     encode,
@@ -150,6 +151,16 @@ def test_an_encoded_reply_is_its_shared_body_with_its_own_head_merged_over_it() 
     assert sent is body and kind is site_pb2.CheckResourcesReply and headers == {HEAD_HEADER: head}
     assert reply.decode() == site_pb2.CheckResourcesReply(ok=True, token="own")
     assert encode(Encoded(site_pb2.CheckResourcesReply, body))[2] == {}  # no head, no header
+
+
+def test_a_large_head_is_joined_to_the_body_instead() -> None:
+    """A message's headers travel in one AMQP frame: a head past HEAD_MAX (a task with large
+    props) goes in the body, which parses to the same message."""
+    body = site_pb2.CheckResourcesReply(ok=True).SerializeToString()
+    head = site_pb2.CheckResourcesReply(token="t" * (HEAD_MAX + 1)).SerializeToString()
+    sent, _, headers = encode(Encoded(site_pb2.CheckResourcesReply, body, head))
+    assert headers == {} and sent == body + head
+    assert site_pb2.CheckResourcesReply.FromString(sent).token == "t" * (HEAD_MAX + 1)
 
 
 def test_a_head_that_does_not_parse_is_malformed_naming_the_header() -> None:

@@ -18,6 +18,9 @@ from fedhive.proto.v1 import common_pb2
 CONTENT_TYPE = "application/x-protobuf"
 ERROR_TYPE = common_pb2.Error.DESCRIPTOR.full_name
 HEAD_HEADER = "x-fedhive-head"  # an `Encoded` reply's own part, merged over its shared body
+# A head larger than this is joined to the body instead: AMQP carries a message's headers in
+# one frame (at most frame_max, 128 KiB on RabbitMQ), and a task's props may be large.
+HEAD_MAX = 32 * 1024
 
 M = TypeVar("M", bound=Message)
 
@@ -49,6 +52,8 @@ def encode(message: Message | Encoded) -> tuple[bytes, Message | type[Message], 
     """The body of `message`, what names its type (the AMQP `type` property) and the headers
     it adds (an `Encoded` reply's head)."""
     if isinstance(message, Encoded):
+        if len(message.head) > HEAD_MAX:
+            return message.body + message.head, message.message_type, {}
         headers = {HEAD_HEADER: message.head} if message.head else {}
         return message.body, message.message_type, headers
     return message.SerializeToString(), message, {}

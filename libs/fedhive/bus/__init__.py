@@ -24,12 +24,13 @@ Threading model (pika is not thread-safe; every connection is used by one thread
 
 Delivery guarantees: publishes wait for the broker's confirm and are re-sent after a
 reconnect (at-least-once: deduplicate by `message_id`); consumers ack only after the handler
-returned; failures are dead-lettered, never looped (see `fedhive.bus.consumer`).
+returned; failures are dead-lettered, never looped (see `fedhive.bus.delivery`).
 """
 
 from fedhive.bus.batch import Batch, BatchConsumer, BatchHandler
 from fedhive.bus.codec import Encoded, TypeRegistry
-from fedhive.bus.consumer import Consumer, Delivery, Handler, Pending
+from fedhive.bus.consumer import Consumer
+from fedhive.bus.delivery import Delivery, Handler, Pending
 from fedhive.bus.memory import MemoryBus
 from fedhive.bus.memory_broker import MemoryBroker
 from fedhive.bus.port import Bus, Subscription

@@ -13,7 +13,7 @@ Built by `RabbitBus.subscribe_batches` from the same parts as `Consumer` (connec
 parameters, `connect` with the reconnect backoff, `Topology` declarations, `TypeRegistry`
 decoding, `Delivery`), so queue, dead-letter queue and bindings are exactly those of
 `Bus.subscribe`. Semantics:
-* each delivery is admitted as `Consumer` admits one (`fedhive.bus.consumer.admit`): a
+* each delivery is admitted as `Consumer` admits one (`fedhive.bus.delivery.admit`): a
   sender the queue does not accept (`Senders`) is dropped with a security log line, a
   malformed message (no/unknown type, body that does not parse) is dead-lettered at once, an
   expired request dropped;
@@ -39,7 +39,8 @@ from google.protobuf.message import Message
 
 from fedhive.bus.codec import TypeRegistry
 from fedhive.bus.connection import RECONNECT, connect, user_name
-from fedhive.bus.consumer import Delivery, admit, settle_refused
+from fedhive.bus.consumer import settle_refused
+from fedhive.bus.delivery import Delivery, admit
 from fedhive.bus.senders import Senders
 from fedhive.bus.topology import QueueSpec, Topology
 from fedhive.errors import ConfigError, Unavailable

@@ -3,7 +3,7 @@
 `MemoryBroker` (`fedhive.bus.memory_broker`) stands in for RabbitMQ, with its topic
 matching, dead letters, delivery limits and verified `user_id`. Messages travel encoded exactly
 as `RabbitBus` sends them (`properties`, the serialized body), and consumers decide with the
-same functions (`fedhive.bus.consumer.admit` and `handle`), so handlers get fresh objects, and
+same functions (`fedhive.bus.delivery.admit` and `handle`), so handlers get fresh objects, and
 type, sender and reply-address checks, typed errors, redelivery and dead letters behave as they
 do on the broker. What differs, on purpose:
 * no connections, so nothing to lose or reconnect; `prefetch` and `quick` are not used: each
@@ -33,9 +33,9 @@ from google.protobuf.message import Message
 
 from fedhive.bus.batch import REQUEUE, BatchHandler
 from fedhive.bus.codec import Encoded, TypeRegistry, encode
-from fedhive.bus.consumer import (
+from fedhive.bus.consumer import REDELIVERY
+from fedhive.bus.delivery import (
     DIRECT_REPLY_TO,
-    REDELIVERY,
     Admission,
     Delivery,
     Handler,

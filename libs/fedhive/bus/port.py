@@ -8,7 +8,7 @@ from typing import Protocol, TypeVar
 from google.protobuf.message import Message
 
 from fedhive.bus.batch import BatchHandler
-from fedhive.bus.consumer import Handler, Quick
+from fedhive.bus.delivery import Handler, Quick
 from fedhive.bus.senders import Senders
 from fedhive.errors import FedhiveError
 from fedhive.names import Names
@@ -78,7 +78,7 @@ class Bus(Protocol):
         """Consume commands and RPC requests from `queue` (declared if needed); started.
 
         `senders`: whose messages it takes (default: this bus's own user); the rest are refused
-        (`fedhive.bus.consumer`). `replicated=False` declares a cheaper queue that a broker
+        (`fedhive.bus.delivery`). `replicated=False` declares a cheaper queue that a broker
         node's loss may take with it (a job's task queue; see `fedhive.bus.topology`).
         `quick`: the messages whose handling is short and waits on nothing, which a transport
         with an I/O thread may handle on it instead of handing them to a handler thread."""

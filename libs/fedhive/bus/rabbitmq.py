@@ -13,7 +13,8 @@ from google.protobuf.message import Message
 from fedhive.bus.batch import BatchConsumer, BatchHandler
 from fedhive.bus.codec import TypeRegistry
 from fedhive.bus.connection import DEFAULT_HEARTBEAT, connect, connection_parameters, user_name
-from fedhive.bus.consumer import REDELIVERY, Consumer, Handler, Quick
+from fedhive.bus.consumer import REDELIVERY, Consumer
+from fedhive.bus.delivery import Handler, Quick
 from fedhive.bus.publisher import REPUBLISH, Publisher
 from fedhive.bus.rpc import RpcClient
 from fedhive.bus.senders import Senders

@@ -35,7 +35,7 @@ from google.protobuf.message import Message
 
 from fedhive.bus.codec import ERROR_TYPE, HEAD_HEADER, error_from_message, merged, parse
 from fedhive.bus.connection import CONNECTION_LOST, GuardedConnection, user_name
-from fedhive.bus.consumer import DIRECT_REPLY_TO
+from fedhive.bus.delivery import DIRECT_REPLY_TO
 from fedhive.bus.publisher import REPUBLISH, properties
 from fedhive.bus.topology import Topology
 from fedhive.errors import FedhiveError, MalformedMessage, RpcTimeout, Unavailable, Unroutable

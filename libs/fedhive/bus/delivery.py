@@ -178,7 +178,8 @@ def routable(delivery: Delivery, topology: Topology) -> bool:
 
 
 def handle(handler: Handler, message: Message, delivery: Delivery, log: Any) -> Outcome:
-    """Run `handler` on one message (on a handler thread) and say what becomes of it."""
+    """Run `handler` on one message (on a handler thread, or a `quick` one on the transport's
+    I/O thread) and say what becomes of it."""
     bound = log.bind(message_id=delivery.message_id, type=delivery.type_name)
     try:
         reply = handler(message, delivery)

@@ -22,6 +22,7 @@ import pika
 import pika.exceptions
 import structlog
 
+from fedhive.bus import pika_io  # noqa: F401  (pika's socket I/O, tuned: see the module)
 from fedhive.errors import ConfigError, Unavailable
 from fedhive.retry import Backoff
 
@@ -38,12 +39,6 @@ CONNECTION_LOST: tuple[type[BaseException], ...] = (
 
 DEFAULT_HEARTBEAT = 30  # seconds; handlers run off the I/O thread, so no need to tolerate them
 
-# pika reads its socket 4 KiB at a time and appends each read to the frame it assembles (a new
-# bytes object per read): a 128 KiB frame cost 32 reads and ~2 MiB of copying, the largest cost
-# of a 1 MiB task message. Reads of a whole frame (RabbitMQ's default frame_max) make that one.
-_transport = pika.adapters.utils.io_services_utils._AsyncTransportBase
-_transport._MAX_RECV_BYTES = 128 * 1024
-_transport._MAX_CONSUME_BYTES = 1024 * 1024  # per I/O event, before other events get a turn
 # pika's ValueError when the broker closed the socket between its connect and the transport's
 # set-up (a broker shutting down or restarting): a failed attempt like any other.
 _RESET_WHILE_CONNECTING = "Expected connected socket, but getpeername() failed"

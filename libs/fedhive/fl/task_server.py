@@ -9,11 +9,9 @@ Messages (`Names.job_server_queue(job_id)`, see proto/fedhive/v1/task.proto):
   change of the task manager concerns its site (a new task, a turn, the end of the run: a
   broadcast is handed out by that thread, one site after the other, without waking a thread per
   site), or at its deadline (looked at every WAIT_SLICE_S, as all of them are while the job
-  aborts or a send's or relay's turns open by the clock). Task data goes out as refs with
-  presigned GET URLs: a task's arrays are packed once (`ctx.codec.pack`, cached per task until
-  it is replaced or done), a broadcast's inline bytes are stored once when their copies to all
-  its sites would pass `FAN_OUT_BUDGET` (`ctx.codec.store`: then no copy passes this process's
-  socket), and refs without a URL (a site's result forwarded to the next site) are presigned.
+  aborts or a send's or relay's turns open by the clock). A task's data is encoded once for
+  all its sites (`fedhive.fl.task_data`: arrays packed, refs presigned), each site's own part
+  (task id, props, the verdict) beside it.
 * `TaskResult` (RPC, site): handed to `tasks.submit`; the reply says whether it was accepted
   and why not. With `next_wait_ms` the reply is the site's next assignment (the long poll
   above, parked the same way) carrying that verdict: one round trip per task instead of two.
@@ -43,20 +41,20 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import Message
 
-from fedhive.blobs import TensorRef
 from fedhive.bus import Bus, Delivery, Encoded, Pending, Senders, Subscription
 from fedhive.bus.codec import error_message
 from fedhive.errors import FedhiveError, InvalidArgument, PermissionDenied
-from fedhive.fl.dxo import Dxo, MetaKey, dxo_from_proto, dxo_to_proto
+from fedhive.fl.dxo import Dxo, MetaKey, dxo_from_proto
 from fedhive.fl.operation_desk import OperationDesk
+from fedhive.fl.task_data import FAN_OUT_BUDGET, TaskData
 from fedhive.fl.task_manager import TaskManager
-from fedhive.fl.tasks import ClientTask, Result, ReturnCode, Task
+from fedhive.fl.tasks import ClientTask, Result, ReturnCode
 from fedhive.fl.uploads import UPLOAD_PART_SIZE, URL_TTL_S, Uploads
 from fedhive.fl.workflow import WorkflowContext
 from fedhive.names import Names
@@ -64,11 +62,6 @@ from fedhive.proto.v1 import common_pb2, operation_pb2, runner_pb2, task_pb2
 from fedhive.structs import dict_to_struct
 
 WAIT_SLICE_S = 0.2  # look at every parked poll this often: time alone can make a site eligible
-URL_MARGIN_MS = 600_000  # re-sign a cached URL that would expire within 10 minutes
-# A broadcast's inline bytes times its sites, past which they are stored once instead: each
-# copy passes this process's socket and waits in a queue of the broker (a 16 MiB inline model to
-# 300 sites would be 4.8 GB there). Under it, inline is faster on one machine (bench/RESULTS.md).
-FAN_OUT_BUDGET = 256 * 1024 * 1024
 _A = task_pb2.TaskAssignment
 
 
@@ -86,20 +79,15 @@ class TaskServer:
         assert ctx.tasks is not None and ctx.store is not None and ctx.codec is not None
         self.ctx = ctx
         self.tasks: TaskManager = ctx.tasks
-        self._store = ctx.store
-        self._codec = ctx.codec
         self._service_user = service_user
         self._max_wait_s = max_wait_s
         self._clock = clock
-        self._url_ttl_s = url_ttl_s
-        self._fan_out_budget = fan_out_budget
+        self._task_data = TaskData(ctx, url_ttl_s=url_ttl_s, fan_out_budget=fan_out_budget)
         self.uploads = Uploads(ctx, url_ttl_s=url_ttl_s, upload_part_size=upload_part_size,
                                check_workers=check_workers)
         self.desk = OperationDesk(ctx, ctx.store, ctx.codec, url_ttl_s=url_ttl_s,
                                   max_wait_s=max_wait_s)
         self._lock = threading.Lock()  # guards the three below: handler threads share them
-        self._packed: dict[str, _Packed] = {}  # task id -> its data, encoded
-        self._packing: dict[str, threading.Lock] = {}
         self._ended: set[str] = set()  # sites told END_RUN, or gone
         self._polls: dict[str, _Poll] = {}  # site -> its parked long poll
         self._dispatcher: threading.Thread | None = None  # started with the first parked poll
@@ -369,7 +357,7 @@ class TaskServer:
                     verdict: task_pb2.TaskResultReply | None) -> Encoded:
         task = client_task.task
         round_ = data.meta.get(MetaKey.CURRENT_ROUND)
-        packed = self._task_data(task, data, receivers)
+        packed = self._task_data.encoded(task, data, receivers)
         self.uploads.assigned(client_task.id, client_task.site, task.name,
                               int(round_) if isinstance(round_, int | float) else None,
                               packed.keys)
@@ -378,73 +366,10 @@ class TaskServer:
                  result=verdict)
         return Encoded(_A, packed.encoded, head=own.SerializeToString())
 
-    def _task_data(self, task: Task, data: Dxo, receivers: int) -> _Packed:
-        """The assignment's `data` field, encoded once per task for all its sites: its arrays
-        packed, its refs without a fresh URL (the global model, a site's result forwarded to
-        the next site) presigned, and its inline bytes stored once instead when `receivers`
-        copies of them would pass `fan_out_budget` (a broadcast to many sites: each then
-        reads them from storage, not through this process's socket). Encoded again when the
-        workflow gave the task other data (as the cyclic relay does between sends) or a URL
-        in it nears its expiry."""
-        identity = {name: id(value) for name, value in data.data.items()}
-        standing = {t.id for t in self.tasks.standing()} | {task.id}
-        with self._lock:
-            for task_id in [t for t in self._packed if t not in standing]:
-                del self._packed[task_id]
-                self._packing.pop(task_id, None)
-            lock = self._packing.setdefault(task.id, threading.Lock())
-        with lock:  # sites asking at once for a new broadcast: one encodes, the others wait
-            with self._lock:
-                cached = self._packed.get(task.id)
-            now_ms = int(time.time() * 1000)
-            if (cached is not None and cached.identity == identity and cached.meta == data.meta
-                    and now_ms < cached.renew_at_ms):
-                return cached
-            arrays = {name: value for name, value in data.data.items()
-                      if not isinstance(value, TensorRef)}
-            same_arrays = cached is not None and all(
-                cached.identity.get(name) == id(value) for name, value in arrays.items())
-            if cached is not None and same_arrays:
-                refs = cached.refs
-            else:
-                packed = self._codec.pack(arrays, self.ctx.tensor_prefix) if arrays else []
-                refs = {ref.name: ref for ref in packed}
-            cached = self._encode(data, identity, refs, receivers, now_ms)
-            with self._lock:
-                self._packed[task.id] = cached
-        return cached
-
-    def _encode(self, data: Dxo, identity: dict[str, int], refs: dict[str, TensorRef],
-                receivers: int, now_ms: int) -> _Packed:
-        wire: dict[str, TensorRef] = {name: refs.get(name, value)
-                                      for name, value in data.data.items()}
-        inline = [name for name, ref in wire.items() if ref.is_inline and ref.length]
-        if receivers * sum(wire[name].length for name in inline) > self._fan_out_budget:
-            stored = self._codec.store([wire[name] for name in inline], self.ctx.tensor_prefix)
-            wire.update(zip(inline, stored, strict=True))
-        holder = _A()
-        dxo_to_proto(replace(data, data=wire), _refs_only, into=holder.data)
-        margin = min(URL_MARGIN_MS, self._url_ttl_s * 500)
-        renew_at = now_ms + self._url_ttl_s * 1000
-        for ref in holder.data.tensors:
-            if not ref.key or self.ctx.is_foreign(ref.key):  # an upper tier's keeps its URL
-                continue
-            if ref.url_expires_at_ms - now_ms < margin:
-                url = self._store.presign_get(ref.key, self._url_ttl_s)
-                ref.url, ref.url_expires_at_ms = url.url, url.expires_at_ms
-            renew_at = min(renew_at, ref.url_expires_at_ms - margin)
-        keys = frozenset(ref.key for ref in holder.data.tensors if ref.key)
-        return _Packed(identity, dict(data.data), dict(data.meta), refs,
-                       holder.SerializeToString(), renew_at, keys)
-
 
 def could_not_start(error: str) -> str:
     """Why a site whose client job could not start (`WorkerExit`) left the job."""
     return f"client job could not start: {' '.join(error.split())}"
-
-
-def _refs_only(arrays: Mapping[str, Any]) -> list[TensorRef]:
-    raise AssertionError(f"arrays left unpacked: {sorted(arrays)}")
 
 
 @dataclass(frozen=True)
@@ -454,14 +379,3 @@ class _Poll:
     pending: Pending
     deadline: float  # on the server's clock
     verdict: task_pb2.TaskResultReply | None  # on the result whose reply this poll is
-
-
-@dataclass(frozen=True)
-class _Packed:
-    identity: dict[str, int]  # name -> id() of each value encoded
-    values: dict[str, Any]  # holds those values, so their ids stay theirs
-    meta: dict[str, Any]
-    refs: dict[str, TensorRef]  # the arrays' refs, as packed
-    encoded: bytes  # TaskAssignment(data=...) serialized
-    renew_at_ms: int  # when a URL in it comes within the margin of its expiry
-    keys: frozenset[str]  # the objects it names

@@ -313,3 +313,25 @@ def test_messages_cross_intact_whatever_their_size(bus: Bus, namespace: str, bod
     reply = bus.call(queue, site_pb2.CheckResourcesRequest(job_id=text),
                      site_pb2.CheckResourcesReply, timeout=20)
     assert reply.token == text[::-1]
+
+
+def test_a_requests_attachment_reaches_its_handler(bus: Bus, namespace: str) -> None:
+    """An `Encoded` request's attachment arrives after its message, as `Delivery.attachment`
+    (a view of the body received: what a result's attached refs name); a plain one has none."""
+    queue = Names(namespace).site_queue("attached")
+    seen: list[bytes] = []
+
+    def handler(message: Message, delivery: Delivery) -> site_pb2.CheckResourcesReply:
+        assert isinstance(message, site_pb2.CheckResourcesRequest)
+        seen.append(bytes(delivery.attachment))
+        return site_pb2.CheckResourcesReply(token=message.job_id)
+
+    bus.serve(queue, handler, CHECK)
+    request = site_pb2.CheckResourcesRequest(job_id="j1")
+    big = bytes(range(256)) * 1024  # past a frame
+    reply = bus.call(queue, Encoded(site_pb2.CheckResourcesRequest, request.SerializeToString(),
+                                    attachment=(b"abc", memoryview(big))),
+                     site_pb2.CheckResourcesReply, timeout=10)
+    assert reply.token == "j1"
+    bus.call(queue, request, site_pb2.CheckResourcesReply, timeout=10)
+    assert seen == [b"abc" + big, b""]

@@ -22,9 +22,12 @@ import numpy as np
 import pytest
 
 from fedhive.blobs import (
+    Attachment,
     PresignedFetcher,
     TensorKind,
     TensorRef,
+    add_ref,
+    checksum,
     content_key,
     ref_from_proto,
     ref_to_proto,
@@ -280,6 +283,46 @@ def test_results_the_server_cannot_take_are_refused_with_a_reason(job: Job) -> N
                                task_name="train", return_code=ReturnCode.OK)
     reply = job.call("a", late, task_pb2.TaskResultReply)
     assert not reply.accepted and reply.reason
+
+
+def test_a_results_inline_arrays_travel_attached_and_must_lie_within_the_attachment(
+    job: Job,
+) -> None:
+    """A site's inline arrays follow its result message (`Encoded.attachment`): the server
+    reads them from there, checksum verified; a ref naming bytes past the attachment is
+    refused with a reason naming the tensor."""
+    a = job.site("a")
+    sent = np.arange(4, dtype=np.float32)
+
+    def result(task_id: str, offset: int) -> Encoded:
+        dxo, attachment = task_pb2.Dxo(data_kind=task_pb2.DATA_KIND_WEIGHTS), Attachment()
+        add_ref(dxo.tensors, TensorRef(name="w", dtype="float32", shape=(4,),
+                                       kind=TensorKind.NUMPY, length=16,
+                                       checksum=checksum.digest(sent.view(np.uint8)),
+                                       inline_data=sent.tobytes()), attachment)
+        dxo.tensors[0].offset += offset
+        message = task_pb2.TaskResult(job_id=job.ctx.job_id, site=a, task_id=task_id,
+                                      task_name="train", return_code=ReturnCode.OK, data=dxo)
+        return Encoded(task_pb2.TaskResult, message.SerializeToString(),
+                       attachment=tuple(attachment.parts))
+
+    for offset, accepted in ((0, True), (4, False)):
+        task = Task("train", Dxo(DataKind.WEIGHTS, {"w": np.ones(4, np.float32)}))
+        job.tasks.send(task, [a])
+        assignment = job.call("a", task_pb2.GetTaskRequest(job_id=job.ctx.job_id, site=a,
+                                                           wait_ms=5000), _A)
+        reply = job.call("a", result(assignment.task_id, offset), task_pb2.TaskResultReply)
+        assert reply.accepted is accepted, reply.reason
+        job.finish(task)
+        got = task.client_tasks[0].result
+        assert got is not None
+        if accepted:
+            assert got.dxo is not None
+            assert np.array_equal(got.dxo.materialized(job.ctx.store).data["w"], sent)
+        else:
+            assert got.return_code == ReturnCode.EXECUTION_RESULT_ERROR
+            assert "tensor ref 'w': attached bytes [4, 20) are not within the message's " \
+                   "attachment (16 bytes)" in reply.reason
 
 
 def test_a_result_asking_for_more_is_answered_with_the_next_assignment(job: Job) -> None:

@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 
 from fedhive.blobs import (
     DTYPES,
+    Attachment,
     TensorKind,
     TensorRef,
+    add_ref,
     bundle_from_proto,
     bundle_to_proto,
     ref_from_proto,
@@ -92,3 +94,34 @@ def test_dataclass_rejects_inconsistent_length() -> None:
     with pytest.raises(InvalidArgument, match="'w'"):
         TensorRef(name="w", dtype="int64", shape=(3,), kind=TensorKind.NUMPY, key="k",
                   length=8, checksum="sha256:00")
+
+
+@given(st.lists(refs(), max_size=5))
+def test_refs_with_an_attachment_round_trip_their_inline_bytes_through_it(
+    items: list[TensorRef],
+) -> None:
+    """Inline bytes go to the attachment (stored refs are unchanged); the receiver's refs view
+    the attachment it got, copying nothing."""
+    bundle, attachment = common_pb2.TensorBundle(), Attachment()
+    for ref in items:
+        add_ref(bundle.tensors, ref, attachment)
+    assert not any(tensor.inline_data for tensor in bundle.tensors)
+    received = b"".join(attachment.parts)
+    assert len(received) == attachment.size == sum(r.length for r in items if r.is_inline)
+    wire = common_pb2.TensorBundle.FromString(bundle.SerializeToString())
+    back = [ref_from_proto(tensor, received) for tensor in wire.tensors]
+    assert back == items
+    assert all(isinstance(ref.inline_data, memoryview) and ref.inline_data.obj is received
+               for ref in back if ref.is_inline and ref.length)
+
+
+@pytest.mark.parametrize(("offset", "length"), [(20, 24), (-4, 24), (0, 44)])
+def test_attached_bytes_outside_the_attachment_are_malformed_naming_the_tensor(
+    offset: int, length: int,
+) -> None:
+    """A site's result naming bytes past its attachment (or before it) is refused."""
+    message = _message(key="", url="", attached=True, offset=offset, length=length,
+                       shape=[length // 4])
+    with pytest.raises(MalformedMessage, match="tensor ref 'w': attached bytes .* not within "
+                                               r"the message's attachment \(40 bytes\)"):
+        ref_from_proto(message, b"x" * 40)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedhive.bus.codec import (
+    ATTACHED_HEADER,
     HEAD_HEADER,
     HEAD_MAX,
     Encoded,
@@ -15,6 +16,7 @@ from fedhive.bus.codec import (
     encode,
     error_from_message,
     error_message,
+    split,
     type_name,
 )
 from fedhive.bus.connection import connection_parameters, user_name
@@ -168,3 +170,28 @@ def test_a_head_that_does_not_parse_is_malformed_naming_the_header() -> None:
     with pytest.raises(MalformedMessage, match=HEAD_HEADER) as caught:
         bad.decode()
     assert caught.value.field == HEAD_HEADER
+
+
+def test_an_attachment_follows_the_body_and_is_split_off_again() -> None:
+    """A request's attachment (a result's inline arrays) is sent after its encoding; the
+    receiver gets the encoding and a view of the attachment (no copy of it)."""
+    body = site_pb2.CheckResourcesRequest(job_id="j1").SerializeToString()
+    parts = (b"abc", memoryview(b"defg"))
+    sent, _, headers = encode(Encoded(site_pb2.CheckResourcesRequest, body,
+                                      attachment=parts))
+    assert sent == body + b"abcdefg" and headers == {ATTACHED_HEADER: 7}
+    proto, attachment = split(sent, headers, queue="q")
+    assert proto == body and bytes(attachment) == b"abcdefg"
+    assert attachment.obj is sent  # a view of the body as it arrived
+    assert split(body, {}, queue="q") == (body, memoryview(b""))
+    large = site_pb2.CheckResourcesRequest(job_id="h" * (HEAD_MAX + 1)).SerializeToString()
+    sent, _, headers = encode(Encoded(site_pb2.CheckResourcesRequest, body, large,
+                                      attachment=parts))
+    assert headers == {ATTACHED_HEADER: 7} and split(sent, headers, queue="q")[0] == body + large
+
+
+@pytest.mark.parametrize("size", [-1, 100, "7"])
+def test_an_attachment_length_outside_the_body_is_malformed(size: object) -> None:
+    with pytest.raises(MalformedMessage, match=f"{ATTACHED_HEADER} .* on q") as caught:
+        split(b"0123456789", {ATTACHED_HEADER: size}, queue="q")
+    assert caught.value.field == ATTACHED_HEADER

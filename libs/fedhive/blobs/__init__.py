@@ -20,6 +20,7 @@ from fedhive.blobs.port import (
 )
 from fedhive.blobs.ref import TensorKind, TensorRef
 from fedhive.blobs.serde import (
+    Attachment,
     add_ref,
     bundle_from_proto,
     bundle_to_proto,
@@ -45,6 +46,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "DTYPES",
     "WRITE_ONCE_HEADERS",
+    "Attachment",
     "BlobLocation",
     "BlobStore",
     "HttpPool",

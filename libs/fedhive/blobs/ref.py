@@ -34,7 +34,7 @@ class TensorRef:
     offset: int = 0  # byte offset inside the object
     length: int  # byte length of the array
     checksum: str  # "<algorithm>:<hex digest>" of the array's bytes
-    inline_data: bytes = field(default=b"", repr=False)
+    inline_data: bytes | memoryview = field(default=b"", repr=False)  # a view: of an attachment
 
     def __post_init__(self) -> None:
         if not self.name:

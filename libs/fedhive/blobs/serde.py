@@ -24,35 +24,70 @@ _FROM_PROTO = {wire: kind for kind, wire in _TO_PROTO.items()}
 
 
 def ref_to_proto(ref: TensorRef) -> common_pb2.TensorRef:
-    return common_pb2.TensorRef(**_ref_fields(ref))
+    return common_pb2.TensorRef(**_ref_fields(ref), offset=ref.offset,
+                                inline_data=bytes(ref.inline_data))
 
 
-def add_ref(tensors: RepeatedCompositeFieldContainer[common_pb2.TensorRef], ref: TensorRef) -> None:
+class Attachment:
+    """The buffers that a message's attached refs name, in order: sent after the message
+    (`fedhive.bus.Encoded.attachment`) instead of inside it."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes | memoryview] = []
+        self.size = 0
+
+    def add(self, data: bytes | memoryview) -> int:
+        """Append `data`; its offset in the attachment."""
+        offset = self.size
+        self.parts.append(data)
+        self.size += len(data)
+        return offset
+
+
+def add_ref(tensors: RepeatedCompositeFieldContainer[common_pb2.TensorRef], ref: TensorRef,
+            attachment: Attachment | None = None) -> None:
     """Append `ref` to a repeated TensorRef field, built in place: appending a built message
-    copies it, inline bytes included (upb: about 1 ms per MiB, per copy)."""
-    tensors.add(**_ref_fields(ref))
+    copies it, inline bytes included (upb: about 1 ms per MiB, per copy). With `attachment`,
+    inline bytes go there instead (the ref says where: `attached`, `offset`)."""
+    if attachment is not None and ref.is_inline and ref.length:
+        tensors.add(**_ref_fields(ref), attached=True, offset=attachment.add(ref.inline_data))
+    else:
+        tensors.add(**_ref_fields(ref), offset=ref.offset, inline_data=bytes(ref.inline_data))
 
 
 def _ref_fields(ref: TensorRef) -> dict[str, Any]:
+    """The fields of `ref` but where its bytes are (`offset`, `inline_data`)."""
     return dict(
         name=ref.name, dtype=ref.dtype, shape=list(ref.shape), kind=_TO_PROTO[ref.kind],
-        key=ref.key, url=ref.url, url_expires_at_ms=ref.url_expires_at_ms, offset=ref.offset,
-        length=ref.length, checksum=ref.checksum, inline_data=ref.inline_data,
+        key=ref.key, url=ref.url, url_expires_at_ms=ref.url_expires_at_ms, length=ref.length,
+        checksum=ref.checksum,
     )
 
 
-def ref_from_proto(message: common_pb2.TensorRef) -> TensorRef:
+def ref_from_proto(message: common_pb2.TensorRef,
+                   attachment: bytes | memoryview = b"") -> TensorRef:
+    """`message` as a TensorRef; an attached one's bytes are a view of `attachment` (the
+    attachment of the message it came in)."""
     kind = _FROM_PROTO.get(message.kind)
     if kind is None:
         raise MalformedMessage(
             f"tensor ref {message.name!r} has no kind (numpy or torch)", field="kind"
         )
+    offset = message.offset
+    data: bytes | memoryview = message.inline_data
+    if message.attached:
+        end = offset + message.length
+        if message.key or data or not 0 <= offset <= end <= len(attachment):
+            raise MalformedMessage(
+                f"tensor ref {message.name!r}: attached bytes [{offset}, {end}) are not within "
+                f"the message's attachment ({len(attachment)} bytes)", field="offset")
+        offset, data = 0, memoryview(attachment)[offset:end]
     try:
         return TensorRef(
             name=message.name, dtype=message.dtype, shape=tuple(message.shape), kind=kind,
             key=message.key, url=message.url, url_expires_at_ms=message.url_expires_at_ms,
-            offset=message.offset, length=message.length, checksum=message.checksum,
-            inline_data=message.inline_data,
+            offset=offset, length=message.length, checksum=message.checksum,
+            inline_data=data,
         )
     except InvalidArgument as err:
         raise MalformedMessage(err.message, field=err.field) from err

@@ -180,7 +180,7 @@ class BatchConsumer:
             settle_refused(channel, method.delivery_tag, delivery, admission,
                            topology=self._topology, user_id=self._user_id)
             return
-        batch.append((admission.message, delivery))
+        batch.append((admission.message, admission.delivery))
         tags.append(method.delivery_tag)
 
     def _settle(self, channel: Any, batch: Batch, tags: list[int]) -> None:

@@ -6,9 +6,9 @@ registered, so a message of any other type is malformed for it (and dead-lettere
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
@@ -21,6 +21,10 @@ HEAD_HEADER = "x-fedhive-head"  # an `Encoded` reply's own part, merged over its
 # A head larger than this is joined to the body instead: AMQP carries a message's headers in
 # one frame (at most frame_max, 128 KiB on RabbitMQ), and a task's props may be large.
 HEAD_MAX = 32 * 1024
+# An `Encoded` message's attachment: raw bytes after its protobuf encoding in the AMQP body (the
+# header gives their length), which its TensorRefs name (`attached`) instead of holding copies.
+ATTACHED_HEADER = "x-fedhive-attached"
+NO_ATTACHMENT = memoryview(b"")
 
 M = TypeVar("M", bound=Message)
 
@@ -32,31 +36,59 @@ def type_name(message: Message | type[Message]) -> str:
 
 @dataclass(frozen=True)
 class Encoded:
-    """A reply its handler serialized itself: one whose large part many callers share is
-    encoded once (`body`, the same object for every caller) and each caller's small part
-    (`head`) travels beside it, in the AMQP header `HEAD_HEADER`; the receiver merges the
-    head over the body (protobuf parses a concatenation of encodings as their merge, so the
-    message is the one `body + head` would give). The shared body is published as it is:
-    joining it to each caller's part cost a copy of it per caller (~0.4 ms per MiB)."""
+    """A message its sender serialized itself.
+
+    * A reply whose large part many callers share is encoded once (`body`, the same object for
+      every caller) and each caller's small part (`head`) travels beside it, in the AMQP header
+      `HEAD_HEADER`; the receiver merges the head over the body (protobuf parses a
+      concatenation of encodings as their merge, so the message is the one `body + head` would
+      give). The shared body is published as it is: joining it to each caller's part cost a
+      copy of it per caller (~0.4 ms per MiB).
+    * A request may carry an `attachment` (buffers sent after the body, see `ATTACHED_HEADER`):
+      a site's result whose inline arrays its refs name there, so that neither side copies
+      them into or out of protobuf (two copies of each array per side). The consumer hands it
+      to the handler as `Delivery.attachment`.
+    """
 
     message_type: type[Message]
     body: bytes
     head: bytes = b""
+    attachment: tuple[bytes | memoryview, ...] = ()
 
     def decode(self) -> Message:
-        """The message a receiver gets."""
+        """The message a receiver gets (without its attachment)."""
         return merged(self.message_type, self.body, self.head, queue="(encoded reply)")
 
 
-def encode(message: Message | Encoded) -> tuple[bytes, Message | type[Message], dict[str, bytes]]:
+def encode(message: Message | Encoded) -> tuple[bytes, Message | type[Message], dict[str, Any]]:
     """The body of `message`, what names its type (the AMQP `type` property) and the headers
-    it adds (an `Encoded` reply's head)."""
-    if isinstance(message, Encoded):
-        if len(message.head) > HEAD_MAX:
-            return message.body + message.head, message.message_type, {}
-        headers = {HEAD_HEADER: message.head} if message.head else {}
-        return message.body, message.message_type, headers
-    return message.SerializeToString(), message, {}
+    it adds (an `Encoded` message's head, the length of its attachment)."""
+    if not isinstance(message, Encoded):
+        return message.SerializeToString(), message, {}
+    proto = message.body
+    headers: dict[str, Any] = {}
+    if len(message.head) > HEAD_MAX:
+        proto += message.head
+    elif message.head:
+        headers[HEAD_HEADER] = message.head
+    if not message.attachment:
+        return proto, message.message_type, headers
+    body = b"".join((proto, *message.attachment))
+    headers[ATTACHED_HEADER] = len(body) - len(proto)
+    return body, message.message_type, headers
+
+
+def split(body: bytes, headers: Mapping[str, Any], *, queue: str) -> tuple[bytes, memoryview]:
+    """A received body as (protobuf encoding, attachment): `ATTACHED_HEADER` says how many of
+    its last bytes are the attachment."""
+    size = headers.get(ATTACHED_HEADER)
+    if size is None:
+        return body, NO_ATTACHMENT
+    if not isinstance(size, int) or not 0 <= size <= len(body):
+        raise MalformedMessage(f"{ATTACHED_HEADER} {size!r} on {queue} is not a length within "
+                               f"the body ({len(body)} bytes)", field=ATTACHED_HEADER)
+    view = memoryview(body)
+    return bytes(view[:len(body) - size]), view[len(body) - size:]
 
 
 class TypeRegistry:

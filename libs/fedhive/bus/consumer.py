@@ -240,6 +240,7 @@ class Consumer:
                            user_id=self._user_id)
             return
         session.unsettled.add(tag)
+        delivery = admission.delivery  # with the message's attachment
         if self._quick is not None and self._quick(admission.message):
             self._settle(session, tag, delivery,
                          handle(self._handler, admission.message, delivery, self._log))

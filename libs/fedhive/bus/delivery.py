@@ -27,12 +27,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from google.protobuf.message import Message
 
-from fedhive.bus.codec import Encoded, TypeRegistry, error_message
+from fedhive.bus.codec import NO_ATTACHMENT, Encoded, TypeRegistry, error_message, split
 from fedhive.bus.publisher import DEADLINE_HEADER
 from fedhive.bus.senders import Senders
 from fedhive.bus.topology import Topology
@@ -57,6 +57,7 @@ class Delivery:
     correlation_id: str | None
     timestamp: int | None
     headers: Mapping[str, Any] = field(default_factory=dict)
+    attachment: memoryview = NO_ATTACHMENT  # an `Encoded` request's (`fedhive.bus.codec`)
 
     @classmethod
     def from_amqp(cls, queue: str, method: Any, props: Any) -> Delivery:
@@ -124,9 +125,11 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Admission:
-    """A delivery checked before its handler: `message` to hand to it, or else settled at
-    once: `reply` sent if there is one, then dead-lettered or dropped (acked)."""
+    """A delivery checked before its handler: `message` to hand to it with `delivery` (which
+    holds the message's attachment), or else settled at once: `reply` sent if there is one,
+    then dead-lettered or dropped (acked)."""
 
+    delivery: Delivery
     message: Message | None = None
     reply: common_pb2.Error | None = None
     dead_letter: bool = False
@@ -143,27 +146,30 @@ def admit(
                     accepted=senders.describe(), type=delivery.type_name,
                     message_id=delivery.message_id, routing_key=delivery.routing_key)
         if not (delivery.reply_to and routable(delivery, topology)):
-            return Admission()
-        return Admission(reply=error_message(PermissionDenied(
+            return Admission(delivery)
+        return Admission(delivery, reply=error_message(PermissionDenied(
             f"{delivery.queue} does not accept messages from broker user "
             f"{delivery.user_id or '(none: unsigned)'!r}", field="user_id")))
     if delivery.reply_to and not routable(delivery, topology):
         log.warning("bus.dead_letter_malformed", message_id=delivery.message_id,
                     reason=f"reply_to {delivery.reply_to[:100]!r} is not a reply "
                            "address of the sender", sender=delivery.user_id)
-        return Admission(dead_letter=True)
+        return Admission(delivery, dead_letter=True)
     deadline = delivery.headers.get(DEADLINE_HEADER)
     if deadline is not None and time.time() * 1000 > deadline:
         log.info("bus.expired_request_dropped", message_id=delivery.message_id,
                  late_ms=int(time.time() * 1000 - deadline))
-        return Admission()  # its caller has given up: serving it would act too late
+        return Admission(delivery)  # its caller has given up: serving it would act too late
     try:
-        message = accepts.decode(delivery.type_name, body, queue=delivery.queue)
+        proto, attachment = split(body, delivery.headers, queue=delivery.queue)
+        message = accepts.decode(delivery.type_name, proto, queue=delivery.queue)
     except MalformedMessage as err:
         log.warning("bus.dead_letter_malformed", message_id=delivery.message_id,
                     reason=str(err))
-        return Admission(dead_letter=True)
-    return Admission(message=message)
+        return Admission(delivery, dead_letter=True)
+    if attachment:
+        delivery = replace(delivery, attachment=attachment)
+    return Admission(delivery, message=message)
 
 
 def routable(delivery: Delivery, topology: Topology) -> bool:

@@ -113,14 +113,15 @@ class MemoryBus:
         self._publish(self.names.events_exchange, routing_key, message, props)  # none: dropped
         return str(props.message_id)
 
-    def call(self, queue: str, request: Message, reply_type: type[M], *, timeout: float) -> M:
+    def call(self, queue: str, request: Message | Encoded, reply_type: type[M], *,
+             timeout: float) -> M:
         result = self.call_many({queue: request}, reply_type, timeout=timeout)[queue]
         if isinstance(result, FedhiveError):
             raise result
         return result
 
     def call_many(
-        self, requests: Mapping[str, Message], reply_type: type[M], *, timeout: float
+        self, requests: Mapping[str, Message | Encoded], reply_type: type[M], *, timeout: float
     ) -> dict[str, M | FedhiveError]:
         return self._rpc.call_many(requests, reply_type, timeout=timeout)
 
@@ -219,7 +220,7 @@ class MemoryBus:
                 self._reply(delivery, admission.reply)
             if admission.dead_letter:
                 self._broker.dead_letter(queue, message)
-        return delivery, admission
+        return admission.delivery, admission
 
     def _start(self, consumer: _C) -> _C:
         with self._lock:
@@ -408,7 +409,7 @@ class _RpcClient:
         broker.listen(self._reply_to, self._on_reply)
 
     def call_many(
-        self, requests: Mapping[str, Message], reply_type: type[M], *, timeout: float
+        self, requests: Mapping[str, Message | Encoded], reply_type: type[M], *, timeout: float
     ) -> dict[str, M | FedhiveError]:
         deadline = time.monotonic() + timeout
         results: dict[str, M | FedhiveError] = {}
@@ -417,9 +418,11 @@ class _RpcClient:
         try:
             for target, message in requests.items():
                 correlation_id = uuid.uuid4().hex
+                body, kind, headers = encode(message)
                 props = properties(
-                    message, reply_to=self._reply_to, correlation_id=correlation_id,
-                    expiration_ms=max(1, math.ceil(timeout * 1000)), persistent=False)
+                    kind, reply_to=self._reply_to, correlation_id=correlation_id,
+                    expiration_ms=max(1, math.ceil(timeout * 1000)), headers=headers,
+                    persistent=False)
                 with self._arrived:
                     if self._closed:
                         results[target] = unanswered(target, timeout, closed=True)
@@ -427,8 +430,7 @@ class _RpcClient:
                     self._outstanding[correlation_id] = (
                         target, answerers(self._topology, self._user, target))
                 pending[correlation_id] = target
-                if not self._broker.publish(self._user, exchange, target,
-                                            message.SerializeToString(), props):
+                if not self._broker.publish(self._user, exchange, target, body, props):
                     del pending[correlation_id]
                     results[target] = Unroutable(
                         f"no queue bound on exchange {exchange!r} for {target!r}", field=target)

@@ -8,6 +8,7 @@ from typing import Protocol, TypeVar
 from google.protobuf.message import Message
 
 from fedhive.bus.batch import BatchHandler
+from fedhive.bus.codec import Encoded
 from fedhive.bus.delivery import Handler, Quick
 from fedhive.bus.senders import Senders
 from fedhive.errors import FedhiveError
@@ -54,11 +55,12 @@ class Bus(Protocol):
         """An event on the events exchange (e.g. `job.status.RUNNING`), confirmed by the broker;
         returns the message id. An event no subscriber matches is dropped, not an error."""
 
-    def call(self, queue: str, request: Message, reply_type: type[M], *, timeout: float) -> M:
+    def call(self, queue: str, request: Message | Encoded, reply_type: type[M], *,
+             timeout: float) -> M:
         """RPC: raises `RpcTimeout`, `Unroutable` or the server's typed error."""
 
     def call_many(
-        self, requests: Mapping[str, Message], reply_type: type[M], *, timeout: float
+        self, requests: Mapping[str, Message | Encoded], reply_type: type[M], *, timeout: float
     ) -> dict[str, M | FedhiveError]:
         """RPC to several queues at once under one timeout: per queue the reply or the error."""
 

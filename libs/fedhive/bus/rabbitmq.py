@@ -11,7 +11,7 @@ import pika.exceptions
 from google.protobuf.message import Message
 
 from fedhive.bus.batch import BatchConsumer, BatchHandler
-from fedhive.bus.codec import TypeRegistry
+from fedhive.bus.codec import Encoded, TypeRegistry
 from fedhive.bus.connection import DEFAULT_HEARTBEAT, connect, connection_parameters, user_name
 from fedhive.bus.consumer import REDELIVERY, Consumer
 from fedhive.bus.delivery import Handler, Quick
@@ -95,11 +95,12 @@ class RabbitBus:
         return self._publisher.publish(self.names.events_exchange, routing_key, message,
                                        message_id=message_id, mandatory=False)
 
-    def call(self, queue: str, request: Message, reply_type: type[M], *, timeout: float) -> M:
+    def call(self, queue: str, request: Message | Encoded, reply_type: type[M], *,
+             timeout: float) -> M:
         return self._rpc.call(queue, request, reply_type, timeout=timeout)
 
     def call_many(
-        self, requests: Mapping[str, Message], reply_type: type[M], *, timeout: float
+        self, requests: Mapping[str, Message | Encoded], reply_type: type[M], *, timeout: float
     ) -> dict[str, M | FedhiveError]:
         return self._rpc.call_many(requests, reply_type, timeout=timeout)
 

@@ -33,7 +33,15 @@ import pika.exceptions
 import structlog
 from google.protobuf.message import Message
 
-from fedhive.bus.codec import ERROR_TYPE, HEAD_HEADER, error_from_message, merged, parse
+from fedhive.bus.codec import (
+    ERROR_TYPE,
+    HEAD_HEADER,
+    Encoded,
+    encode,
+    error_from_message,
+    merged,
+    parse,
+)
 from fedhive.bus.connection import CONNECTION_LOST, GuardedConnection, user_name
 from fedhive.bus.delivery import DIRECT_REPLY_TO
 from fedhive.bus.publisher import REPUBLISH, properties
@@ -76,7 +84,8 @@ class RpcClient:
         self._arrived = threading.Condition()  # guards _replies
         self._conn = GuardedConnection(params, self._setup, backoff=backoff)
 
-    def call(self, target: str, request: Message, reply_type: type[M], *, timeout: float) -> M:
+    def call(self, target: str, request: Message | Encoded, reply_type: type[M], *,
+             timeout: float) -> M:
         """Send `request` to queue `target`, wait for its reply.
 
         Raises `RpcTimeout` (naming the queue and the timeout), `Unroutable` (no such queue),
@@ -88,7 +97,7 @@ class RpcClient:
         return result
 
     def call_many(
-        self, requests: Mapping[str, Message], reply_type: type[M], *, timeout: float
+        self, requests: Mapping[str, Message | Encoded], reply_type: type[M], *, timeout: float
     ) -> dict[str, M | FedhiveError]:
         """Call several queues at once, waiting at most `timeout` in all.
 
@@ -102,10 +111,12 @@ class RpcClient:
                 correlation_id = uuid.uuid4().hex
                 # transient: a request lives no longer than its caller waits, and the caller
                 # resends it on a new connection (a classic queue then keeps it off disk)
+                body, kind, headers = encode(message)
                 props = properties(
-                    message, user_id=self._user_id, correlation_id=correlation_id,
-                    expiration_ms=max(1, math.ceil(timeout * 1000)), persistent=False)
-                request = _Request(target, message.SerializeToString(), props,
+                    kind, user_id=self._user_id, correlation_id=correlation_id,
+                    expiration_ms=max(1, math.ceil(timeout * 1000)), headers=headers,
+                    persistent=False)
+                request = _Request(target, body, props,
                                    answerers(self._topology, self._user_id, target))
                 try:
                     self._send(correlation_id, request)

@@ -16,7 +16,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fedhive.blobs import RangeFetcher, TensorKind, TensorRef, add_ref, ref_from_proto, unpack
+from fedhive.blobs import (
+    Attachment,
+    RangeFetcher,
+    TensorKind,
+    TensorRef,
+    add_ref,
+    ref_from_proto,
+    unpack,
+)
 from fedhive.errors import MalformedMessage
 from fedhive.proto.v1 import task_pb2
 from fedhive.structs import dict_to_struct, struct_to_dict
@@ -68,28 +76,32 @@ class Dxo:
 Packer = Callable[[Mapping[str, Any]], list[TensorRef]]
 
 
-def dxo_to_proto(dxo: Dxo, pack: Packer, into: task_pb2.Dxo | None = None) -> task_pb2.Dxo:
+def dxo_to_proto(dxo: Dxo, pack: Packer, into: task_pb2.Dxo | None = None,
+                 attachment: Attachment | None = None) -> task_pb2.Dxo:
     """Refs go on the wire as they are; arrays are turned into refs by `pack` (one call for all
     of them, so small ones share a message and large ones go to storage). `into`: the (empty)
-    field of the message being built, filled in place (assigning a built one copies it)."""
+    field of the message being built, filled in place (assigning a built one copies it);
+    `attachment`: where inline bytes go, when the message is sent with one."""
     arrays = {name: value for name, value in dxo.data.items() if not isinstance(value, TensorRef)}
     packed = {ref.name: ref for ref in pack(arrays)} if arrays else {}
     message = task_pb2.Dxo() if into is None else into
     message.data_kind = task_pb2.DataKind.Value(f"DATA_KIND_{dxo.data_kind.value}")
     message.meta.CopyFrom(dict_to_struct(dxo.meta))
     for name, value in dxo.data.items():
-        add_ref(message.tensors, value if isinstance(value, TensorRef) else packed[name])
+        add_ref(message.tensors, value if isinstance(value, TensorRef) else packed[name],
+                attachment)
     return message
 
 
-def dxo_from_proto(message: task_pb2.Dxo) -> Dxo:
-    """A lazy DXO (values are refs). MalformedMessage for an unset kind or repeated names."""
+def dxo_from_proto(message: task_pb2.Dxo, attachment: bytes | memoryview = b"") -> Dxo:
+    """A lazy DXO (values are refs; attached ones view `attachment`, the message's).
+    MalformedMessage for an unset kind or repeated names."""
     kind_name = task_pb2.DataKind.Name(message.data_kind).removeprefix("DATA_KIND_")
     if kind_name not in DataKind.__members__:
         raise MalformedMessage(f"DXO has no valid data_kind ({kind_name})", field="data_kind")
     data: dict[str, Any] = {}
     for item in message.tensors:
-        ref = ref_from_proto(item)
+        ref = ref_from_proto(item, attachment)
         if ref.name in data:
             raise MalformedMessage(f"DXO repeats tensor {ref.name!r}", field=ref.name)
         data[ref.name] = ref

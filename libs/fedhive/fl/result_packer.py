@@ -31,6 +31,7 @@ import numpy as np
 
 from fedhive.blobs import (
     WRITE_ONCE_HEADERS,
+    Attachment,
     RangeFetcher,
     TensorKind,
     TensorRef,
@@ -94,10 +95,12 @@ class ResultPacker:
         self._budget = inline_budget_for(inline_threshold, inline_budget)
         self._workers = upload_workers
 
-    def pack(self, dxo: Dxo, channel: UploadChannel, into: task_pb2.Dxo) -> None:
+    def pack(self, dxo: Dxo, channel: UploadChannel, into: task_pb2.Dxo,
+             attachment: Attachment | None = None) -> None:
         """Fill `into` (the result message's DXO field) with the result, its large arrays
-        uploaded through `channel`. Raises InvalidArgument for a value that is no array,
-        BlobAccessDenied/Unavailable when an upload fails."""
+        uploaded through `channel`, its inline ones' bytes in `attachment` when given (views
+        of the arrays: send before changing them). Raises InvalidArgument for a value that is
+        no array, BlobAccessDenied/Unavailable when an upload fails."""
         passed = {name: value for name, value in dxo.data.items()
                   if isinstance(value, TensorRef) and (value.is_inline or is_content_ref(value))}
         other_refs = [value for name, value in dxo.data.items()
@@ -113,7 +116,7 @@ class ResultPacker:
             size = item.flat.nbytes
             if size == 0 or (size <= self._threshold and inline_used + size <= self._budget):
                 inline_used += size
-                refs[item.name] = _ref(item, inline_data=item.flat.tobytes())
+                refs[item.name] = _ref(item, inline_data=as_byte_view(item.flat).toreadonly())
             else:
                 uploads.setdefault(item.digest, item)
         keys = self._upload(uploads, channel) if uploads else {}
@@ -121,7 +124,8 @@ class ResultPacker:
             if item.name not in refs:
                 refs[item.name] = _ref(item, key=keys[item.digest])
         data = {name: refs[name] for name in dxo.data}
-        dxo_to_proto(Dxo(dxo.data_kind, data, dict(dxo.meta)), _no_arrays, into=into)
+        dxo_to_proto(Dxo(dxo.data_kind, data, dict(dxo.meta)), _no_arrays, into=into,
+                     attachment=attachment)
 
     def _upload(self, uploads: dict[str, _Array], channel: UploadChannel) -> dict[str, str]:
         answer = channel.grant(list(uploads), [item.flat.nbytes for item in uploads.values()])
@@ -163,7 +167,7 @@ def _upload_job(uploader: Uploader, channel: UploadChannel, target: task_pb2.Upl
     return multipart
 
 
-def _ref(item: _Array, *, key: str = "", inline_data: bytes = b"") -> TensorRef:
+def _ref(item: _Array, *, key: str = "", inline_data: bytes | memoryview = b"") -> TensorRef:
     return TensorRef(name=item.name, dtype=item.dtype, shape=item.shape, kind=item.kind,
                      key=key, length=item.flat.nbytes, checksum=item.digest,
                      inline_data=inline_data)

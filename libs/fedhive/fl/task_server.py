@@ -136,7 +136,7 @@ class TaskServer:
         if isinstance(message, task_pb2.GetTaskRequest):
             return self.get_task(site, message.wait_ms)
         if isinstance(message, task_pb2.TaskResult):
-            verdict = self.submit(site, message)
+            verdict = self.submit(site, message, delivery.attachment)
             if message.next_wait_ms <= 0:
                 return verdict
             return self.get_task(site, message.next_wait_ms, verdict)
@@ -204,14 +204,16 @@ class TaskServer:
         for poll in polls:
             poll.pending.complete(_A(kind=_A.KIND_TRY_AGAIN, result=poll.verdict))
 
-    def submit(self, site: str, message: task_pb2.TaskResult) -> task_pb2.TaskResultReply:
+    def submit(self, site: str, message: task_pb2.TaskResult,
+               attachment: bytes | memoryview = b"") -> task_pb2.TaskResultReply:
         problem = ""
         dxo: Dxo | None = None
         try:
             if not message.return_code:
                 raise InvalidArgument("the result has no return_code", field="return_code")
             if message.HasField("data"):
-                dxo = self.uploads.checked(dxo_from_proto(message.data), site, message.task_id)
+                dxo = self.uploads.checked(dxo_from_proto(message.data, attachment), site,
+                                           message.task_id)
         except FedhiveError as err:
             problem = f"result data rejected: {self.uploads.where(site, message.task_id)}: {err}"
         finally:

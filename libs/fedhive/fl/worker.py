@@ -37,8 +37,8 @@ from typing import Any, TypeVar
 import structlog
 from google.protobuf.message import Message
 
-from fedhive.blobs import PresignedFetcher, PresignedUploader, PresignedUrl
-from fedhive.bus import Bus
+from fedhive.blobs import Attachment, PresignedFetcher, PresignedUploader, PresignedUrl
+from fedhive.bus import Bus, Encoded
 from fedhive.errors import FailedPrecondition, FedhiveError, RpcTimeout, Unavailable, Unroutable
 from fedhive.fl.dxo import Dxo, dxo_from_proto
 from fedhive.fl.executor import ExecTask, Executors, TaskError
@@ -150,19 +150,22 @@ class Worker:
                                      task_id=task_id, task_name=name,
                                      return_code=outcome.return_code, error=outcome.error,
                                      next_wait_ms=self.config.wait_ms)
+        attachment = Attachment()  # the inline arrays' bytes, sent after the message
         if outcome.dxo is not None:
             try:
-                self._packer.pack(outcome.dxo, _Channel(self, task_id), into=result.data)
+                self._packer.pack(outcome.dxo, _Channel(self, task_id), into=result.data,
+                                  attachment=attachment)
             except Exception as err:  # anything the result holds that cannot be sent
                 log.error("worker.result_not_packed", error=one_line(err), exc_info=True)
                 result.ClearField("data")
                 result.return_code = ReturnCode.EXECUTION_EXCEPTION
                 result.error = f"result could not be sent: {one_line(err)}"
+                attachment = Attachment()
         self.tasks_done += 1
         self.current_task = "waiting"
         log.info("worker.task_done", return_code=result.return_code,
                  seconds=round(time.monotonic() - started, 3))
-        return self._submit(result, log)
+        return self._submit(result, attachment, log)
 
     def _execute(self, assignment: task_pb2.TaskAssignment, log: Any) -> _Outcome:
         executor = self._executors.get(assignment.task_name)
@@ -243,11 +246,14 @@ class Worker:
         reply = self._call(request, task_pb2.ResignReply)
         return {url.key: PresignedUrl(url.url, url.url_expires_at_ms) for url in reply.urls}
 
-    def _submit(self, result: task_pb2.TaskResult, log: Any) -> task_pb2.TaskAssignment | None:
-        """Send the result; the reply is the next assignment (None if the result could not
-        be delivered)."""
+    def _submit(self, result: task_pb2.TaskResult, attachment: Attachment, log: Any,
+                ) -> task_pb2.TaskAssignment | None:
+        """Send the result (with its attachment); the reply is the next assignment (None if
+        the result could not be delivered)."""
+        request = Encoded(task_pb2.TaskResult, result.SerializeToString(),
+                          attachment=tuple(attachment.parts))
         try:
-            reply = self._call(result, _A, wait_s=result.next_wait_ms / 1000)
+            reply = self._call(request, _A, wait_s=result.next_wait_ms / 1000)
         except FedhiveError as err:  # the server re-sends the task if it still wants it
             log.error("worker.result_not_delivered", error=str(err))
             return None
@@ -255,7 +261,8 @@ class Worker:
             log.warning("worker.result_refused", reason=reply.result.reason)
         return reply
 
-    def _call(self, request: Message, reply_type: type[M], *, wait_s: float = 0.0) -> M:
+    def _call(self, request: Message | Encoded, reply_type: type[M], *,
+              wait_s: float = 0.0) -> M:
         """An RPC retried while the server is away, up to `result_retry_s`; `wait_s`: how long
         the server may hold it (a long poll) on top of `call_timeout_s`."""
         deadline = time.monotonic() + self.config.result_retry_s

@@ -26,21 +26,21 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64hive/v1/common.proto\x12\nfedhive.v1\x1a\x1cgoogle/protobuf/struct.proto\"5\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05\x66ield\x18\x03 \x01(\t\"\x05\n\x03\x41\x63k\"\xd9\x01\n\tTensorRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12$\n\x04kind\x18\x04 \x01(\x0e\x32\x16.fedhive.v1.TensorKind\x12\x0b\n\x03key\x18\x05 \x01(\t\x12\x0b\n\x03url\x18\x06 \x01(\t\x12\x19\n\x11url_expires_at_ms\x18\x07 \x01(\x03\x12\x0e\n\x06offset\x18\x08 \x01(\x03\x12\x0e\n\x06length\x18\t \x01(\x03\x12\x10\n\x08\x63hecksum\x18\n \x01(\t\x12\x13\n\x0binline_data\x18\x0b \x01(\x0c\"]\n\x0cTensorBundle\x12&\n\x07tensors\x18\x01 \x03(\x0b\x32\x15.fedhive.v1.TensorRef\x12%\n\x04meta\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct*W\n\nTensorKind\x12\x1b\n\x17TENSOR_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11TENSOR_KIND_NUMPY\x10\x01\x12\x15\n\x11TENSOR_KIND_TORCH\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64hive/v1/common.proto\x12\nfedhive.v1\x1a\x1cgoogle/protobuf/struct.proto\"5\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05\x66ield\x18\x03 \x01(\t\"\x05\n\x03\x41\x63k\"\xeb\x01\n\tTensorRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12$\n\x04kind\x18\x04 \x01(\x0e\x32\x16.fedhive.v1.TensorKind\x12\x0b\n\x03key\x18\x05 \x01(\t\x12\x0b\n\x03url\x18\x06 \x01(\t\x12\x19\n\x11url_expires_at_ms\x18\x07 \x01(\x03\x12\x0e\n\x06offset\x18\x08 \x01(\x03\x12\x0e\n\x06length\x18\t \x01(\x03\x12\x10\n\x08\x63hecksum\x18\n \x01(\t\x12\x13\n\x0binline_data\x18\x0b \x01(\x0c\x12\x10\n\x08\x61ttached\x18\x0c \x01(\x08\"]\n\x0cTensorBundle\x12&\n\x07tensors\x18\x01 \x03(\x0b\x32\x15.fedhive.v1.TensorRef\x12%\n\x04meta\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct*W\n\nTensorKind\x12\x1b\n\x17TENSOR_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11TENSOR_KIND_NUMPY\x10\x01\x12\x15\n\x11TENSOR_KIND_TORCH\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedhive.proto.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TENSORKIND']._serialized_start=446
-  _globals['_TENSORKIND']._serialized_end=533
+  _globals['_TENSORKIND']._serialized_start=464
+  _globals['_TENSORKIND']._serialized_end=551
   _globals['_ERROR']._serialized_start=69
   _globals['_ERROR']._serialized_end=122
   _globals['_ACK']._serialized_start=124
   _globals['_ACK']._serialized_end=129
   _globals['_TENSORREF']._serialized_start=132
-  _globals['_TENSORREF']._serialized_end=349
-  _globals['_TENSORBUNDLE']._serialized_start=351
-  _globals['_TENSORBUNDLE']._serialized_end=444
+  _globals['_TENSORREF']._serialized_end=367
+  _globals['_TENSORBUNDLE']._serialized_start=369
+  _globals['_TENSORBUNDLE']._serialized_end=462
 # @@protoc_insertion_point(module_scope)

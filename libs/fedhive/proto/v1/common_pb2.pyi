@@ -87,8 +87,9 @@ Global___Ack: _TypeAlias = Ack  # noqa: Y015
 
 @_typing.final
 class TensorRef(_message.Message):
-    """One array: either inline (`inline_data`) or a byte range of an S3 object (`key`,
-    `offset`, `length`), readable without credentials through the presigned `url`.
+    """One array: either inline (`inline_data`, or `attached`: its bytes follow the message) or a
+    byte range of an S3 object (`key`, `offset`, `length`), readable without credentials through
+    the presigned `url`.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -104,6 +105,7 @@ class TensorRef(_message.Message):
     LENGTH_FIELD_NUMBER: _builtins.int
     CHECKSUM_FIELD_NUMBER: _builtins.int
     INLINE_DATA_FIELD_NUMBER: _builtins.int
+    ATTACHED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     dtype: _builtins.str
     """numpy-style name: "float32", "bfloat16", "bool", ..."""
@@ -115,13 +117,17 @@ class TensorRef(_message.Message):
     url_expires_at_ms: _builtins.int
     """unix epoch milliseconds"""
     offset: _builtins.int
-    """byte offset inside the object"""
+    """byte offset inside the object (or the attachment)"""
     length: _builtins.int
     """byte length of the array"""
     checksum: _builtins.str
     """"<algorithm>:<hex digest>" of the array's bytes"""
     inline_data: _builtins.bytes
     """the array's bytes when small enough to travel inline"""
+    attached: _builtins.bool
+    """Inline, its bytes in the message's attachment (the AMQP body past the protobuf encoding,
+    header x-fedhive-attached: its length) at `offset`: not copied in and out of protobuf.
+    """
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """empty for a 0-d array"""
@@ -140,10 +146,11 @@ class TensorRef(_message.Message):
         length: _builtins.int = ...,
         checksum: _builtins.str = ...,
         inline_data: _builtins.bytes = ...,
+        attached: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "dtype", b"dtype", "inline_data", b"inline_data", "key", b"key", "kind", b"kind", "length", b"length", "name", b"name", "offset", b"offset", "shape", b"shape", "url", b"url", "url_expires_at_ms", b"url_expires_at_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attached", b"attached", "checksum", b"checksum", "dtype", b"dtype", "inline_data", b"inline_data", "key", b"key", "kind", b"kind", "length", b"length", "name", b"name", "offset", b"offset", "shape", b"shape", "url", b"url", "url_expires_at_ms", b"url_expires_at_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -315,23 +315,26 @@ def test_messages_cross_intact_whatever_their_size(bus: Bus, namespace: str, bod
     assert reply.token == text[::-1]
 
 
-def test_a_requests_attachment_reaches_its_handler(bus: Bus, namespace: str) -> None:
-    """An `Encoded` request's attachment arrives after its message, as `Delivery.attachment`
-    (a view of the body received: what a result's attached refs name); a plain one has none."""
+def test_attachments_reach_the_handler_and_the_caller(bus: Bus, namespace: str) -> None:
+    """An `Encoded` message's attachment arrives after its message: a request's as
+    `Delivery.attachment`, a reply's from `call_attached` (views of the body received: what
+    attached refs name); a plain message has none."""
     queue = Names(namespace).site_queue("attached")
     seen: list[bytes] = []
+    big = bytes(range(256)) * 1024  # past a frame
 
-    def handler(message: Message, delivery: Delivery) -> site_pb2.CheckResourcesReply:
+    def handler(message: Message, delivery: Delivery) -> Encoded:
         assert isinstance(message, site_pb2.CheckResourcesRequest)
         seen.append(bytes(delivery.attachment))
-        return site_pb2.CheckResourcesReply(token=message.job_id)
+        reply = site_pb2.CheckResourcesReply(token=message.job_id).SerializeToString()
+        return Encoded.attaching(site_pb2.CheckResourcesReply, reply, [big[::-1]])
 
     bus.serve(queue, handler, CHECK)
     request = site_pb2.CheckResourcesRequest(job_id="j1")
-    big = bytes(range(256)) * 1024  # past a frame
-    reply = bus.call(queue, Encoded(site_pb2.CheckResourcesRequest, request.SerializeToString(),
-                                    attachment=(b"abc", memoryview(big))),
-                     site_pb2.CheckResourcesReply, timeout=10)
-    assert reply.token == "j1"
-    bus.call(queue, request, site_pb2.CheckResourcesReply, timeout=10)
+    reply, attached = bus.call_attached(
+        queue, Encoded.attaching(site_pb2.CheckResourcesRequest, request.SerializeToString(),
+                                 [b"abc", memoryview(big)]),
+        site_pb2.CheckResourcesReply, timeout=10)
+    assert reply.token == "j1" and attached == big[::-1]
+    assert bus.call(queue, request, site_pb2.CheckResourcesReply, timeout=10).token == "j1"
     assert seen == [b"abc" + big, b""]

@@ -209,7 +209,7 @@ def test_a_broadcast_past_the_fan_out_budget_sends_its_inline_bytes_through_s3(
 
     send = Task("train", Dxo(DataKind.WEIGHTS, model, {MetaKey.CURRENT_ROUND: 1}))
     job.tasks.send(send, [job.site("a")])
-    assert all(ref.inline_data and not ref.key for ref in data(send, "a").tensors)
+    assert all(ref.attached and not ref.key for ref in data(send, "a").tensors)
     job.tasks.cancel(send)
 
 
@@ -256,11 +256,13 @@ def test_results_the_server_cannot_take_are_refused_with_a_reason(job: Job) -> N
     a = job.site("a")
     task = Task("train", Dxo(DataKind.WEIGHTS, {"w": np.ones(4, np.float32)}))
     job.tasks.send(task, [a])
-    # site a polls by hand: the task, with its data inline (small)
-    assignment = job.call("a", task_pb2.GetTaskRequest(job_id=job.ctx.job_id, site=a,
-                                                       wait_ms=5000), _A)
+    # site a polls by hand: the task, with its data inline (small: attached to the reply)
+    assignment, attached = job.bus("a").call_attached(
+        job.route("a"), task_pb2.GetTaskRequest(job_id=job.ctx.job_id, site=a, wait_ms=5000),
+        _A, timeout=20)
     assert (assignment.kind, assignment.task_name) == (_A.KIND_TASK, "train")
-    assert assignment.data.tensors[0].inline_data == np.ones(4, np.float32).tobytes()
+    assert ref_from_proto(assignment.data.tensors[0], attached).inline_data == \
+        np.ones(4, np.float32).tobytes()
 
     # a ref to an object the server never granted: rejected, and the workflow sees an error
     stray = TensorRef(name="w", dtype="float32", shape=(4,), kind=TensorKind.NUMPY,
@@ -303,8 +305,8 @@ def test_a_results_inline_arrays_travel_attached_and_must_lie_within_the_attachm
         dxo.tensors[0].offset += offset
         message = task_pb2.TaskResult(job_id=job.ctx.job_id, site=a, task_id=task_id,
                                       task_name="train", return_code=ReturnCode.OK, data=dxo)
-        return Encoded(task_pb2.TaskResult, message.SerializeToString(),
-                       attachment=tuple(attachment.parts))
+        return Encoded.attaching(task_pb2.TaskResult, message.SerializeToString(),
+                                 attachment.parts)
 
     for offset, accepted in ((0, True), (4, False)):
         task = Task("train", Dxo(DataKind.WEIGHTS, {"w": np.ones(4, np.float32)}))

@@ -173,21 +173,30 @@ def test_a_head_that_does_not_parse_is_malformed_naming_the_header() -> None:
 
 
 def test_an_attachment_follows_the_body_and_is_split_off_again() -> None:
-    """A request's attachment (a result's inline arrays) is sent after its encoding; the
-    receiver gets the encoding and a view of the attachment (no copy of it)."""
+    """A message's attachment (a result's or a task's inline arrays) is sent after its
+    encoding; the receiver gets the encoding and a view of the attachment (no copy of it)."""
     body = site_pb2.CheckResourcesRequest(job_id="j1").SerializeToString()
-    parts = (b"abc", memoryview(b"defg"))
-    sent, _, headers = encode(Encoded(site_pb2.CheckResourcesRequest, body,
-                                      attachment=parts))
+    message = Encoded.attaching(site_pb2.CheckResourcesRequest, body,
+                                [b"abc", memoryview(b"defg")])
+    sent, _, headers = encode(message)
     assert sent == body + b"abcdefg" and headers == {ATTACHED_HEADER: 7}
     proto, attachment = split(sent, headers, queue="q")
     assert proto == body and bytes(attachment) == b"abcdefg"
     assert attachment.obj is sent  # a view of the body as it arrived
+    assert message.decode() == site_pb2.CheckResourcesRequest(job_id="j1")
     assert split(body, {}, queue="q") == (body, memoryview(b""))
-    large = site_pb2.CheckResourcesRequest(job_id="h" * (HEAD_MAX + 1)).SerializeToString()
-    sent, _, headers = encode(Encoded(site_pb2.CheckResourcesRequest, body, large,
-                                      attachment=parts))
-    assert headers == {ATTACHED_HEADER: 7} and split(sent, headers, queue="q")[0] == body + large
+    assert Encoded.attaching(site_pb2.CheckResourcesRequest, body, []).attached == 0
+
+
+def test_a_large_head_goes_between_the_body_and_its_attachment() -> None:
+    body = site_pb2.CheckResourcesReply(ok=True).SerializeToString()
+    head = site_pb2.CheckResourcesReply(token="t" * (HEAD_MAX + 1)).SerializeToString()
+    sent, _, headers = encode(Encoded.attaching(site_pb2.CheckResourcesReply, body, [b"xyz"],
+                                                head))
+    assert headers == {ATTACHED_HEADER: 3} and sent == body + head + b"xyz"
+    proto, attachment = split(sent, headers, queue="q")
+    assert site_pb2.CheckResourcesReply.FromString(proto).token == "t" * (HEAD_MAX + 1)
+    assert attachment == b"xyz"
 
 
 @pytest.mark.parametrize("size", [-1, 100, "7"])

@@ -6,7 +6,7 @@ registered, so a message of any other type is malformed for it (and dead-lettere
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,20 +44,29 @@ class Encoded:
       concatenation of encodings as their merge, so the message is the one `body + head` would
       give). The shared body is published as it is: joining it to each caller's part cost a
       copy of it per caller (~0.4 ms per MiB).
-    * A request may carry an `attachment` (buffers sent after the body, see `ATTACHED_HEADER`):
-      a site's result whose inline arrays its refs name there, so that neither side copies
-      them into or out of protobuf (two copies of each array per side). The consumer hands it
-      to the handler as `Delivery.attachment`.
+    * The last `attached` bytes of `body` (after the protobuf encoding; their number in the
+      header `ATTACHED_HEADER`) are the message's attachment: the bytes its attached refs name
+      (`fedhive.blobs.Attachment`), inline arrays that neither side copies into or out of
+      protobuf (two copies of each per side). A handler gets it as `Delivery.attachment`, a
+      caller from `Bus.call_attached`.
     """
 
     message_type: type[Message]
     body: bytes
     head: bytes = b""
-    attachment: tuple[bytes | memoryview, ...] = ()
+    attached: int = 0
+
+    @classmethod
+    def attaching(cls, message_type: type[Message], proto: bytes,
+                  attachment: Sequence[bytes | memoryview], head: bytes = b"") -> Encoded:
+        """`proto` (a protobuf encoding) followed by the buffers of `attachment` (one copy)."""
+        body = b"".join((proto, *attachment)) if attachment else proto
+        return cls(message_type, body, head, len(body) - len(proto))
 
     def decode(self) -> Message:
-        """The message a receiver gets (without its attachment)."""
-        return merged(self.message_type, self.body, self.head, queue="(encoded reply)")
+        """The message a receiver gets (its attachment left out)."""
+        return merged(self.message_type, self.body[:len(self.body) - self.attached], self.head,
+                      queue="(encoded message)")
 
 
 def encode(message: Message | Encoded) -> tuple[bytes, Message | type[Message], dict[str, Any]]:
@@ -65,16 +74,13 @@ def encode(message: Message | Encoded) -> tuple[bytes, Message | type[Message], 
     it adds (an `Encoded` message's head, the length of its attachment)."""
     if not isinstance(message, Encoded):
         return message.SerializeToString(), message, {}
-    proto = message.body
-    headers: dict[str, Any] = {}
-    if len(message.head) > HEAD_MAX:
-        proto += message.head
-    elif message.head:
-        headers[HEAD_HEADER] = message.head
-    if not message.attachment:
-        return proto, message.message_type, headers
-    body = b"".join((proto, *message.attachment))
-    headers[ATTACHED_HEADER] = len(body) - len(proto)
+    body, head = message.body, message.head
+    headers: dict[str, Any] = {ATTACHED_HEADER: message.attached} if message.attached else {}
+    if len(head) > HEAD_MAX:  # into the body, before the attachment (a copy: large props only)
+        view, end = memoryview(body), len(body) - message.attached
+        body = b"".join((view[:end], head, view[end:]))
+    elif head:
+        headers[HEAD_HEADER] = head
     return body, message.message_type, headers
 
 

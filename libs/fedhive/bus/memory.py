@@ -45,7 +45,16 @@ from fedhive.bus.delivery import (
 )
 from fedhive.bus.memory_broker import MemoryBroker, Queued
 from fedhive.bus.publisher import properties
-from fedhive.bus.rpc import Reply, answerers, decode_reply, reply_of, unanswered
+from fedhive.bus.rpc import (
+    Attached,
+    Reply,
+    answerers,
+    decode_reply,
+    one,
+    reply_of,
+    unanswered,
+    without_attachments,
+)
 from fedhive.bus.senders import Senders
 from fedhive.bus.topology import CLASSIC, DEFAULT_DELIVERY_LIMIT, QUORUM, QueueSpec, Topology
 from fedhive.errors import FedhiveError, Unavailable, Unroutable
@@ -115,15 +124,16 @@ class MemoryBus:
 
     def call(self, queue: str, request: Message | Encoded, reply_type: type[M], *,
              timeout: float) -> M:
-        result = self.call_many({queue: request}, reply_type, timeout=timeout)[queue]
-        if isinstance(result, FedhiveError):
-            raise result
-        return result
+        return self.call_attached(queue, request, reply_type, timeout=timeout)[0]
+
+    def call_attached(self, queue: str, request: Message | Encoded, reply_type: type[M], *,
+                      timeout: float) -> tuple[M, memoryview]:
+        return one(self._rpc.call_many({queue: request}, reply_type, timeout=timeout), queue)
 
     def call_many(
         self, requests: Mapping[str, Message | Encoded], reply_type: type[M], *, timeout: float
     ) -> dict[str, M | FedhiveError]:
-        return self._rpc.call_many(requests, reply_type, timeout=timeout)
+        return without_attachments(self._rpc.call_many(requests, reply_type, timeout=timeout))
 
     def serve(
         self,
@@ -410,9 +420,9 @@ class _RpcClient:
 
     def call_many(
         self, requests: Mapping[str, Message | Encoded], reply_type: type[M], *, timeout: float
-    ) -> dict[str, M | FedhiveError]:
+    ) -> dict[str, Attached[M] | FedhiveError]:
         deadline = time.monotonic() + timeout
-        results: dict[str, M | FedhiveError] = {}
+        results: dict[str, Attached[M] | FedhiveError] = {}
         pending: dict[str, str] = {}  # correlation id -> target
         exchange = self._topology.names.cmd_exchange
         try:

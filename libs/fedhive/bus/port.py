@@ -59,6 +59,11 @@ class Bus(Protocol):
              timeout: float) -> M:
         """RPC: raises `RpcTimeout`, `Unroutable` or the server's typed error."""
 
+    def call_attached(self, queue: str, request: Message | Encoded, reply_type: type[M], *,
+                      timeout: float) -> tuple[M, memoryview]:
+        """`call`, and the reply's attachment (empty when it has none): what its attached
+        refs name (`fedhive.bus.codec.Encoded`)."""
+
     def call_many(
         self, requests: Mapping[str, Message | Encoded], reply_type: type[M], *, timeout: float
     ) -> dict[str, M | FedhiveError]:

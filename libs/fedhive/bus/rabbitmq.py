@@ -16,7 +16,7 @@ from fedhive.bus.connection import DEFAULT_HEARTBEAT, connect, connection_parame
 from fedhive.bus.consumer import REDELIVERY, Consumer
 from fedhive.bus.delivery import Handler, Quick
 from fedhive.bus.publisher import REPUBLISH, Publisher
-from fedhive.bus.rpc import RpcClient
+from fedhive.bus.rpc import RpcClient, one, without_attachments
 from fedhive.bus.senders import Senders
 from fedhive.bus.topology import CLASSIC, DEFAULT_DELIVERY_LIMIT, QUORUM, QueueSpec, Topology
 from fedhive.config import Settings
@@ -97,12 +97,16 @@ class RabbitBus:
 
     def call(self, queue: str, request: Message | Encoded, reply_type: type[M], *,
              timeout: float) -> M:
-        return self._rpc.call(queue, request, reply_type, timeout=timeout)
+        return self.call_attached(queue, request, reply_type, timeout=timeout)[0]
+
+    def call_attached(self, queue: str, request: Message | Encoded, reply_type: type[M], *,
+                      timeout: float) -> tuple[M, memoryview]:
+        return one(self._rpc.call_many({queue: request}, reply_type, timeout=timeout), queue)
 
     def call_many(
         self, requests: Mapping[str, Message | Encoded], reply_type: type[M], *, timeout: float
     ) -> dict[str, M | FedhiveError]:
-        return self._rpc.call_many(requests, reply_type, timeout=timeout)
+        return without_attachments(self._rpc.call_many(requests, reply_type, timeout=timeout))
 
     def serve(
         self,

@@ -41,6 +41,7 @@ from fedhive.bus.codec import (
     error_from_message,
     merged,
     parse,
+    split,
 )
 from fedhive.bus.connection import CONNECTION_LOST, GuardedConnection, user_name
 from fedhive.bus.delivery import DIRECT_REPLY_TO
@@ -84,27 +85,17 @@ class RpcClient:
         self._arrived = threading.Condition()  # guards _replies
         self._conn = GuardedConnection(params, self._setup, backoff=backoff)
 
-    def call(self, target: str, request: Message | Encoded, reply_type: type[M], *,
-             timeout: float) -> M:
-        """Send `request` to queue `target`, wait for its reply.
-
-        Raises `RpcTimeout` (naming the queue and the timeout), `Unroutable` (no such queue),
-        or the typed error the server replied with.
-        """
-        result = self.call_many({target: request}, reply_type, timeout=timeout)[target]
-        if isinstance(result, FedhiveError):
-            raise result
-        return result
-
     def call_many(
         self, requests: Mapping[str, Message | Encoded], reply_type: type[M], *, timeout: float
-    ) -> dict[str, M | FedhiveError]:
+    ) -> dict[str, Attached[M] | FedhiveError]:
         """Call several queues at once, waiting at most `timeout` in all.
 
-        Returns, per target, its reply or the error it ended with (never raises for one target).
+        Returns, per target, its reply and the reply's attachment, or the error it ended with
+        (`RpcTimeout` naming the queue and the timeout, `Unroutable`, the typed error the server
+        replied with); never raises for one target.
         """
         deadline = time.monotonic() + timeout
-        results: dict[str, M | FedhiveError] = {}
+        results: dict[str, Attached[M] | FedhiveError] = {}
         pending: dict[str, str] = {}  # correlation id -> target
         try:
             for target, message in requests.items():
@@ -257,29 +248,49 @@ def unanswered(target: str, timeout: float, *, closed: bool) -> FedhiveError:
     return RpcTimeout(f"no reply from {target} within {timeout}s", field=target)
 
 
-Reply = tuple[str, bytes, bytes]  # type name, body, head (`fedhive.bus.codec.Encoded`)
+Reply = tuple[str, bytes, Mapping[str, Any]]  # type name, body, headers
+Attached = tuple[M, memoryview]  # a reply and its attachment (`fedhive.bus.codec.Encoded`)
 
 
 def reply_of(props: Any, body: bytes) -> Reply:
-    """A reply as it arrived: its type name, body and the head merged over the body."""
-    head = (props.headers or {}).get(HEAD_HEADER, b"")
-    return props.type or "", body, head if isinstance(head, bytes) else b""
+    """A reply as it arrived: its type name, body and headers."""
+    return props.type or "", body, props.headers or {}
 
 
-def decode_reply(target: str, reply: Reply | FedhiveError, reply_type: type[M]) -> M | FedhiveError:
-    """A reply as `reply_type`, or the typed error it carries."""
+def decode_reply(target: str, reply: Reply | FedhiveError, reply_type: type[M],
+                 ) -> Attached[M] | FedhiveError:
+    """A reply as `reply_type` (its head merged over its body) with its attachment, or the
+    typed error it carries."""
     if isinstance(reply, FedhiveError):
         return reply
-    name, body, head = reply
+    name, body, headers = reply
     try:
+        proto, attachment = split(body, headers, queue=target)
         if name == ERROR_TYPE:
-            return error_from_message(parse(common_pb2.Error, body, queue=target))
+            return error_from_message(parse(common_pb2.Error, proto, queue=target))
         if name != reply_type.DESCRIPTOR.full_name:
             raise MalformedMessage(
                 f"reply from {target} is a {name or 'message without type'}, "
                 f"expected {reply_type.DESCRIPTOR.full_name}",
                 field="type",
             )
-        return merged(reply_type, body, head, queue=target)
+        head = headers.get(HEAD_HEADER, b"")
+        message = merged(reply_type, proto, head if isinstance(head, bytes) else b"",
+                         queue=target)
+        return message, attachment
     except MalformedMessage as err:
         return err
+
+
+def one(results: Mapping[str, Attached[M] | FedhiveError], target: str) -> Attached[M]:
+    """`target`'s reply from `call_many`'s results; its error raised."""
+    result = results[target]
+    if isinstance(result, FedhiveError):
+        raise result
+    return result
+
+
+def without_attachments(results: Mapping[str, Attached[M] | FedhiveError],
+                        ) -> dict[str, M | FedhiveError]:
+    return {target: result if isinstance(result, FedhiveError) else result[0]
+            for target, result in results.items()}

@@ -2,11 +2,11 @@
 
 The `data` field of a `TaskAssignment` (`TaskServer` adds each site's own part beside it: an
 `Encoded` reply's head): the task's arrays packed by the job's codec (inline up to its
-threshold, stored past it), refs without a fresh URL (the global model, a site's result forwarded
-to the next site) presigned, and a broadcast's inline bytes stored once instead when their
-copies to all its sites would pass FAN_OUT_BUDGET. Kept per standing task and encoded again when
-the workflow gives the task other data (as the cyclic relay does between sends) or a URL in it
-nears its expiry.
+threshold, their bytes attached after the message; stored past it), refs without a fresh URL
+(the global model, a site's result forwarded to the next site) presigned, and a broadcast's
+inline bytes stored once instead when their copies to all its sites would pass FAN_OUT_BUDGET.
+Kept per standing task and encoded again when the workflow gives the task other data (as the
+cyclic relay does between sends) or a URL in it nears its expiry.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fedhive.blobs import TensorRef
+from fedhive.blobs import Attachment, TensorRef
+from fedhive.bus import Encoded
 from fedhive.fl.dxo import Dxo, dxo_to_proto
 from fedhive.fl.task_manager import TaskManager
 from fedhive.fl.tasks import Task
@@ -37,7 +38,7 @@ class Packed:
     values: dict[str, Any]  # holds those values, so their ids stay theirs
     meta: dict[str, Any]
     refs: dict[str, TensorRef]  # the arrays' refs, as packed
-    encoded: bytes  # TaskAssignment(data=...) serialized
+    encoded: Encoded  # TaskAssignment(data=...), serialized with its arrays attached
     renew_at_ms: int  # when a URL in it comes within the margin of its expiry
     keys: frozenset[str]  # the objects it names
 
@@ -99,8 +100,9 @@ class TaskData:
         if receivers * sum(wire[name].length for name in inline) > self._fan_out_budget:
             stored = self._codec.store([wire[name] for name in inline], self.ctx.tensor_prefix)
             wire.update(zip(inline, stored, strict=True))
-        holder = task_pb2.TaskAssignment()
-        dxo_to_proto(replace(data, data=wire), _refs_only, into=holder.data)
+        holder, attachment = task_pb2.TaskAssignment(), Attachment()
+        dxo_to_proto(replace(data, data=wire), _refs_only, into=holder.data,
+                     attachment=attachment)
         margin = min(URL_MARGIN_MS, self._url_ttl_s * 500)
         renew_at = now_ms + self._url_ttl_s * 1000
         for ref in holder.data.tensors:
@@ -111,8 +113,9 @@ class TaskData:
                 ref.url, ref.url_expires_at_ms = url.url, url.expires_at_ms
             renew_at = min(renew_at, ref.url_expires_at_ms - margin)
         keys = frozenset(ref.key for ref in holder.data.tensors if ref.key)
-        return Packed(identity, dict(data.data), dict(data.meta), refs,
-                      holder.SerializeToString(), renew_at, keys)
+        encoded = Encoded.attaching(task_pb2.TaskAssignment, holder.SerializeToString(),
+                                    attachment.parts)
+        return Packed(identity, dict(data.data), dict(data.meta), refs, encoded, renew_at, keys)
 
 
 def _refs_only(arrays: Mapping[str, Any]) -> list[TensorRef]:

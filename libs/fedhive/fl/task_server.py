@@ -42,7 +42,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from google.protobuf.message import Message
@@ -366,7 +366,7 @@ class TaskServer:
         own = _A(kind=_A.KIND_TASK, task_id=client_task.id, task_name=task.name,
                  props=dict_to_struct(task.props), timeout_ms=int(task.timeout * 1000),
                  result=verdict)
-        return Encoded(_A, packed.encoded, head=own.SerializeToString())
+        return replace(packed.encoded, head=own.SerializeToString())
 
 
 def could_not_start(error: str) -> str:

@@ -50,6 +50,7 @@ from fedhive.structs import struct_to_dict
 
 M = TypeVar("M", bound=Message)
 _A = task_pb2.TaskAssignment
+Received = tuple[task_pb2.TaskAssignment, memoryview]  # and its attachment (the task's arrays)
 RETRY = Backoff(base=0.2, cap=5.0, max_attempts=None)
 _TRANSIENT = (RpcTimeout, Unavailable)
 
@@ -102,21 +103,21 @@ class Worker:
         """Serve tasks until END_RUN (returns) or `abort` (returns soon after); then finalize
         the executors."""
         try:
-            assignment: task_pb2.TaskAssignment | None = None
+            received: Received | None = None
             while not self.abort.is_set():
-                if assignment is None:
-                    assignment = self._poll()
-                if assignment is None or assignment.kind == _A.KIND_END_RUN:
-                    if assignment is not None:
+                if received is None:
+                    received = self._poll()
+                if received is None or received[0].kind == _A.KIND_END_RUN:
+                    if received is not None:
                         self._log.info("worker.end_run", tasks_done=self.tasks_done)
                         self.current_task = "ended"
                     return
-                if assignment.kind == _A.KIND_TASK:
-                    assignment = self._serve(assignment)  # what the result's reply brought
+                if received[0].kind == _A.KIND_TASK:
+                    received = self._serve(*received)  # what the result's reply brought
                     continue
-                if assignment.retry_after_ms > 0:
-                    self.abort.wait(assignment.retry_after_ms / 1000)
-                assignment = None
+                if received[0].retry_after_ms > 0:
+                    self.abort.wait(received[0].retry_after_ms / 1000)
+                received = None
         finally:
             self._finalize()
 
@@ -134,7 +135,8 @@ class Worker:
                                 error=one_line(err), exc_info=True)
 
     # one task -----------------------------------------------------------------------------
-    def _serve(self, assignment: task_pb2.TaskAssignment) -> task_pb2.TaskAssignment | None:
+    def _serve(self, assignment: task_pb2.TaskAssignment, attached: memoryview,
+               ) -> Received | None:
         """Run the task and send its result, which asks for the next assignment too: returns
         that, or None when there is none to return (the worker then polls)."""
         name, task_id = assignment.task_name, assignment.task_id
@@ -142,7 +144,7 @@ class Worker:
         self.current_task = name
         started = time.monotonic()
         with structlog.contextvars.bound_contextvars(task_id=task_id):  # libraries' lines too
-            outcome = self._execute(assignment, log)
+            outcome = self._execute(assignment, attached, log)
         if self.abort.is_set():
             log.info("worker.result_dropped", why="the client job is stopping")
             return None
@@ -167,7 +169,8 @@ class Worker:
                  seconds=round(time.monotonic() - started, 3))
         return self._submit(result, attachment, log)
 
-    def _execute(self, assignment: task_pb2.TaskAssignment, log: Any) -> _Outcome:
+    def _execute(self, assignment: task_pb2.TaskAssignment, attached: memoryview, log: Any,
+                 ) -> _Outcome:
         executor = self._executors.get(assignment.task_name)
         if executor is None:
             log.warning("worker.task_unknown")
@@ -175,7 +178,7 @@ class Worker:
                             error=f"site {self.config.site} has no executor for task "
                                   f"{assignment.task_name!r}")
         try:
-            data = dxo_from_proto(assignment.data)
+            data = dxo_from_proto(assignment.data, attached)
         except FedhiveError as err:
             log.warning("worker.bad_task_data", error=str(err))
             return _Outcome(ReturnCode.BAD_TASK_DATA, error=one_line(err))
@@ -203,7 +206,7 @@ class Worker:
         return _Outcome(ReturnCode.OK, out)
 
     # RPCs ---------------------------------------------------------------------------------
-    def _poll(self) -> task_pb2.TaskAssignment | None:
+    def _poll(self) -> Received | None:
         """The next assignment; None once aborted. Raises a permanent error (e.g. refused)."""
         config = self.config
         request = task_pb2.GetTaskRequest(job_id=config.job_id, site=config.site,
@@ -213,7 +216,8 @@ class Worker:
         missing_since: float | None = None
         while not self.abort.is_set():
             try:
-                return self._bus.call(config.server_queue, request, _A, timeout=timeout)
+                return self._bus.call_attached(config.server_queue, request, _A,
+                                               timeout=timeout)
             except Unroutable as err:
                 missing_since = missing_since or time.monotonic()
                 if time.monotonic() - missing_since > config.server_wait_s:
@@ -232,7 +236,7 @@ class Worker:
         request = task_pb2.GrantUploadRequest(job_id=self.config.job_id, site=self.config.site,
                                               task_id=task_id, checksums=checksums,
                                               sizes=sizes)
-        return self._call(request, task_pb2.UploadGrant)
+        return self._call(request, task_pb2.UploadGrant)[0]
 
     def complete(self, key: str, upload_id: str, etags: list[str]) -> None:
         request = task_pb2.CompleteUploadRequest(job_id=self.config.job_id,
@@ -243,34 +247,35 @@ class Worker:
     def resign(self, keys: list[str]) -> dict[str, PresignedUrl]:
         request = task_pb2.ResignRequest(job_id=self.config.job_id, site=self.config.site,
                                          keys=keys)
-        reply = self._call(request, task_pb2.ResignReply)
+        reply, _ = self._call(request, task_pb2.ResignReply)
         return {url.key: PresignedUrl(url.url, url.url_expires_at_ms) for url in reply.urls}
 
     def _submit(self, result: task_pb2.TaskResult, attachment: Attachment, log: Any,
-                ) -> task_pb2.TaskAssignment | None:
+                ) -> Received | None:
         """Send the result (with its attachment); the reply is the next assignment (None if
         the result could not be delivered)."""
-        request = Encoded(task_pb2.TaskResult, result.SerializeToString(),
-                          attachment=tuple(attachment.parts))
+        request = Encoded.attaching(task_pb2.TaskResult, result.SerializeToString(),
+                                    attachment.parts)
         try:
-            reply = self._call(request, _A, wait_s=result.next_wait_ms / 1000)
+            assignment, attached = self._call(request, _A, wait_s=result.next_wait_ms / 1000)
         except FedhiveError as err:  # the server re-sends the task if it still wants it
             log.error("worker.result_not_delivered", error=str(err))
             return None
-        if not reply.result.accepted:
-            log.warning("worker.result_refused", reason=reply.result.reason)
-        return reply
+        if not assignment.result.accepted:
+            log.warning("worker.result_refused", reason=assignment.result.reason)
+        return assignment, attached
 
     def _call(self, request: Message | Encoded, reply_type: type[M], *,
-              wait_s: float = 0.0) -> M:
+              wait_s: float = 0.0) -> tuple[M, memoryview]:
         """An RPC retried while the server is away, up to `result_retry_s`; `wait_s`: how long
-        the server may hold it (a long poll) on top of `call_timeout_s`."""
+        the server may hold it (a long poll) on top of `call_timeout_s`. The reply and its
+        attachment."""
         deadline = time.monotonic() + self.config.result_retry_s
         delays = RETRY.delays()
         while True:
             try:
-                return self._bus.call(self.config.server_queue, request, reply_type,
-                                      timeout=self.config.call_timeout_s + wait_s)
+                return self._bus.call_attached(self.config.server_queue, request, reply_type,
+                                               timeout=self.config.call_timeout_s + wait_s)
             except _TRANSIENT as err:
                 if time.monotonic() > deadline or self.abort.is_set():
                     raise

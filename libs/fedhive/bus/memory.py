@@ -45,16 +45,7 @@ from fedhive.bus.delivery import (
 )
 from fedhive.bus.memory_broker import MemoryBroker, Queued
 from fedhive.bus.publisher import properties
-from fedhive.bus.rpc import (
-    Attached,
-    Reply,
-    answerers,
-    decode_reply,
-    one,
-    reply_of,
-    unanswered,
-    without_attachments,
-)
+from fedhive.bus.rpc import Attached, Calls, Reply, answerers, decode_reply, reply_of, unanswered
 from fedhive.bus.senders import Senders
 from fedhive.bus.topology import CLASSIC, DEFAULT_DELIVERY_LIMIT, QUORUM, QueueSpec, Topology
 from fedhive.errors import FedhiveError, Unavailable, Unroutable
@@ -75,7 +66,7 @@ class _Method:
     redelivered: bool
 
 
-class MemoryBus:
+class MemoryBus(Calls):
     """The bus port on a `MemoryBroker`, as broker user `user` in the namespace of `names`."""
 
     def __init__(
@@ -121,19 +112,6 @@ class MemoryBus:
         props = properties(message, message_id=message_id)
         self._publish(self.names.events_exchange, routing_key, message, props)  # none: dropped
         return str(props.message_id)
-
-    def call(self, queue: str, request: Message | Encoded, reply_type: type[M], *,
-             timeout: float) -> M:
-        return self.call_attached(queue, request, reply_type, timeout=timeout)[0]
-
-    def call_attached(self, queue: str, request: Message | Encoded, reply_type: type[M], *,
-                      timeout: float) -> tuple[M, memoryview]:
-        return one(self._rpc.call_many({queue: request}, reply_type, timeout=timeout), queue)
-
-    def call_many(
-        self, requests: Mapping[str, Message | Encoded], reply_type: type[M], *, timeout: float
-    ) -> dict[str, M | FedhiveError]:
-        return without_attachments(self._rpc.call_many(requests, reply_type, timeout=timeout))
 
     def serve(
         self,

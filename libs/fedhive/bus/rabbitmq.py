@@ -3,31 +3,28 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Iterable, Sequence
 
 import pika
 import pika.exceptions
 from google.protobuf.message import Message
 
 from fedhive.bus.batch import BatchConsumer, BatchHandler
-from fedhive.bus.codec import Encoded, TypeRegistry
+from fedhive.bus.codec import TypeRegistry
 from fedhive.bus.connection import DEFAULT_HEARTBEAT, connect, connection_parameters, user_name
 from fedhive.bus.consumer import REDELIVERY, Consumer
 from fedhive.bus.delivery import Handler, Quick
 from fedhive.bus.publisher import REPUBLISH, Publisher
-from fedhive.bus.rpc import RpcClient, one, without_attachments
+from fedhive.bus.rpc import Calls, RpcClient
 from fedhive.bus.senders import Senders
 from fedhive.bus.topology import CLASSIC, DEFAULT_DELIVERY_LIMIT, QUORUM, QueueSpec, Topology
 from fedhive.config import Settings
-from fedhive.errors import FedhiveError, Unavailable
+from fedhive.errors import Unavailable
 from fedhive.names import Names
 from fedhive.retry import Backoff
 
-M = TypeVar("M", bound=Message)
 
-
-class RabbitBus:
+class RabbitBus(Calls):
     """Publisher, RPC client and consumers of one process, each on its own connection.
 
     Every message this bus sends (commands, events, RPC requests and replies) carries the AMQP
@@ -94,19 +91,6 @@ class RabbitBus:
         # mandatory: a command nobody can receive raises Unroutable).
         return self._publisher.publish(self.names.events_exchange, routing_key, message,
                                        message_id=message_id, mandatory=False)
-
-    def call(self, queue: str, request: Message | Encoded, reply_type: type[M], *,
-             timeout: float) -> M:
-        return self.call_attached(queue, request, reply_type, timeout=timeout)[0]
-
-    def call_attached(self, queue: str, request: Message | Encoded, reply_type: type[M], *,
-                      timeout: float) -> tuple[M, memoryview]:
-        return one(self._rpc.call_many({queue: request}, reply_type, timeout=timeout), queue)
-
-    def call_many(
-        self, requests: Mapping[str, Message | Encoded], reply_type: type[M], *, timeout: float
-    ) -> dict[str, M | FedhiveError]:
-        return without_attachments(self._rpc.call_many(requests, reply_type, timeout=timeout))
 
     def serve(
         self,

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pika
 import pika.exceptions
@@ -282,15 +282,36 @@ def decode_reply(target: str, reply: Reply | FedhiveError, reply_type: type[M],
         return err
 
 
-def one(results: Mapping[str, Attached[M] | FedhiveError], target: str) -> Attached[M]:
-    """`target`'s reply from `call_many`'s results; its error raised."""
-    result = results[target]
-    if isinstance(result, FedhiveError):
-        raise result
-    return result
+class RpcCaller(Protocol):
+    """What a bus's RPC client offers (`RpcClient`, the in-memory bus's)."""
+
+    def call_many(
+        self, requests: Mapping[str, Message | Encoded], reply_type: type[M], *, timeout: float
+    ) -> dict[str, Attached[M] | FedhiveError]: ...
+
+    def close(self) -> None: ...
 
 
-def without_attachments(results: Mapping[str, Attached[M] | FedhiveError],
-                        ) -> dict[str, M | FedhiveError]:
-    return {target: result if isinstance(result, FedhiveError) else result[0]
-            for target, result in results.items()}
+class Calls:
+    """A bus's RPC methods of the port (`call`, `call_attached`, `call_many`), over its RPC
+    client `_rpc`: one implementation for both buses."""
+
+    _rpc: RpcCaller
+
+    def call(self, queue: str, request: Message | Encoded, reply_type: type[M], *,
+             timeout: float) -> M:
+        return self.call_attached(queue, request, reply_type, timeout=timeout)[0]
+
+    def call_attached(self, queue: str, request: Message | Encoded, reply_type: type[M], *,
+                      timeout: float) -> Attached[M]:
+        result = self._rpc.call_many({queue: request}, reply_type, timeout=timeout)[queue]
+        if isinstance(result, FedhiveError):
+            raise result
+        return result
+
+    def call_many(
+        self, requests: Mapping[str, Message | Encoded], reply_type: type[M], *, timeout: float
+    ) -> dict[str, M | FedhiveError]:
+        results = self._rpc.call_many(requests, reply_type, timeout=timeout)
+        return {target: result if isinstance(result, FedhiveError) else result[0]
+                for target, result in results.items()}

@@ -19,7 +19,7 @@ min_clients = N, a trainer that adds 1. For each N:
   between the smallest and the largest N (what one more light site costs, a host's own ~55 MiB
   included once per HOST_SITES sites).
 
-    .venv/bin/python bench/scale.py [--rounds 5] [--sites 8 32 100 300]
+    .venv/bin/python bench/scale.py [--rounds 5] [--sites 8 32 100 300] [--keep-logs DIR]
 
 Prints JSON and writes bench/results/scale.json (keys `round_s_<n>_sites`,
 `sj_cpu_ms_per_result_<n>_sites`, and `round_s_100_sites`, `round_s_300_sites`,
@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import secrets
+import shutil
 import sys
 import tempfile
 import threading
@@ -136,7 +137,7 @@ def _process_in(cwd: str) -> psutil.Process | None:
     return None
 
 
-def run_sites(count: int, rounds: int) -> dict[str, Any]:
+def run_sites(count: int, rounds: int, keep_logs: Path | None = None) -> dict[str, Any]:
     namespace = f"bench-scale-{secrets.token_hex(3)}"
     sites = [f"s{n}" for n in range(1, count + 1)]
     with bench_settings(namespace) as (settings, s3), tempfile.TemporaryDirectory() as tmp, \
@@ -160,6 +161,8 @@ def run_sites(count: int, rounds: int) -> dict[str, Any]:
         watch.job_id = submit(bus, Names(namespace), stage(blobs, Names(namespace),
                                                            job_archive(sites, rounds)))
         (record,) = wait_final(state, [watch.job_id], 120 + count)
+        if record.status != JobStatus.FINISHED_COMPLETED and keep_logs is not None:
+            copy_logs(root, keep_logs / f"{count}-sites")
         assert record.status == JobStatus.FINISHED_COMPLETED, record.status_reason
         with zipfile.ZipFile(io.BytesIO(blobs.get(record.result_key))) as result:
             reports = json.loads(result.read("metrics.json"))["rounds"]
@@ -216,17 +219,28 @@ def write_sites(settings: Settings, root: Path, sites: list[str], services_user:
             for site in sites]
 
 
+def copy_logs(root: Path, dest: Path) -> None:
+    """The run's log files (services, hosts, each site's client job), paths kept."""
+    for log in root.rglob("*.log"):
+        target = dest / log.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log, target)
+    print(f"logs of the failed run: {dest}", file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sites", type=int, nargs="+", default=[8, 32, 100, 300])
     parser.add_argument("--output", type=Path, default=ROOT / "bench/results/scale.json")
+    parser.add_argument("--keep-logs", type=Path, metavar="DIR",
+                        help="copy the logs of a run whose job fails to DIR/<N>-sites")
     args = parser.parse_args()
     configure("bench-scale", level="WARNING")  # logs to stderr: stdout is the JSON result
     load_before = load_average()
     results: dict[str, Any] = {}
     for count in args.sites:
-        measured = run_sites(count, args.rounds)
+        measured = run_sites(count, args.rounds, args.keep_logs)
         results[f"round_s_{count}_sites"] = measured["round_s"]
         if "sj_cpu_ms_per_result" in measured:
             results[f"sj_cpu_ms_per_result_{count}_sites"] = measured["sj_cpu_ms_per_result"]

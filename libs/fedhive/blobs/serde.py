@@ -30,7 +30,7 @@ def ref_to_proto(ref: TensorRef) -> common_pb2.TensorRef:
 
 class Attachment:
     """The buffers that a message's attached refs name, in order: sent after the message
-    (`fedhive.bus.Encoded.attachment`) instead of inside it."""
+    (`fedhive.bus.Encoded.attaching`) instead of inside it."""
 
     def __init__(self) -> None:
         self.parts: list[bytes | memoryview] = []

@@ -290,7 +290,7 @@ def test_results_the_server_cannot_take_are_refused_with_a_reason(job: Job) -> N
 def test_a_results_inline_arrays_travel_attached_and_must_lie_within_the_attachment(
     job: Job,
 ) -> None:
-    """A site's inline arrays follow its result message (`Encoded.attachment`): the server
+    """A site's inline arrays follow its result message (`Encoded.attaching`): the server
     reads them from there, checksum verified; a ref naming bytes past the attachment is
     refused with a reason naming the tensor."""
     a = job.site("a")

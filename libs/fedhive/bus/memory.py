@@ -197,7 +197,7 @@ class MemoryBus(Calls):
                                       headers=headers))
 
     def _admit(self, queue: str, message: Queued, senders: Senders,
-               accepts: TypeRegistry) -> tuple[Delivery, Admission]:
+               accepts: TypeRegistry) -> Admission:
         """Check a taken message as `Consumer` does; one refused is settled here."""
         delivery = Delivery.from_amqp(queue, _Method(message.routing_key, message.redelivered),
                                       message.props)
@@ -208,7 +208,7 @@ class MemoryBus(Calls):
                 self._reply(delivery, admission.reply)
             if admission.dead_letter:
                 self._broker.dead_letter(queue, message)
-        return admission.delivery, admission
+        return admission
 
     def _start(self, consumer: _C) -> _C:
         with self._lock:
@@ -273,10 +273,10 @@ class _Consumer:
                 continue
             if message is None:
                 continue
-            delivery, admission = self._bus._admit(self.name, message, self._senders,
-                                                   self._accepts)
+            admission = self._bus._admit(self.name, message, self._senders, self._accepts)
             if admission.message is None:
                 continue
+            delivery = admission.delivery  # with the message's attachment
             outcome = handle(self._handler, admission.message, delivery, self._log)
             if outcome.pending is not None:
                 outcome.pending.bind(partial(self._bus._reply, delivery))
@@ -353,12 +353,11 @@ class _BatchConsumer:
                 continue
             if message is None:
                 continue
-            delivery, admission = self._bus._admit(self.name, message, self._senders,
-                                                   self._accepts)
+            admission = self._bus._admit(self.name, message, self._senders, self._accepts)
             if admission.message is not None:
                 if not batch:
                     deadline = time.monotonic() + self._max_wait_s
-                batch.append((message, admission.message, delivery))
+                batch.append((message, admission.message, admission.delivery))
 
     def _settle(self, batch: list[tuple[Queued, Message, Delivery]]) -> None:
         try:

@@ -2,9 +2,12 @@
 fedhive's messages carry tensors (a 1 MiB model goes to every site each round).
 
 * Reads. pika reads its socket 4 KiB at a time and appends each read to the frame it assembles
-  (a new bytes object per read): a 128 KiB frame cost 32 reads and ~2 MiB of copying, the
-  largest cost of a 1 MiB task message. Reads of a whole frame (RabbitMQ's default frame_max)
-  make that one.
+  (a new bytes object per read), then copies each frame's payload out of that buffer and the
+  rest of the buffer after it: three or more copies of every byte of a body before pika joins
+  its frames. fedhive reads up to 1 MiB at a time and `data_available` decodes the frames in
+  place, body payloads as views of the read, so a byte is copied once (the join) unless its
+  frame straddles two reads. A consumer of 1 MiB messages (raw pika, this machine): 0.56 ->
+  0.31 ms of CPU per message (medians of 6), no change for 1 KB ones.
 * Writes. pika cuts a body into frames by slicing it (a copy) and marshals each frame by two
   concatenations (two more). `send_message` slices a memoryview and joins each frame once:
   publishing 1 MiB cost 0.20-0.27 ms of user CPU instead of 0.28-0.45 (raw pika, this machine).
@@ -18,11 +21,57 @@ import struct
 from typing import Any
 
 import pika.connection
-from pika import frame, spec
+from pika import exceptions, frame, spec
 from pika.adapters.utils import io_services_utils
 
 _HEADER = struct.Struct(">BHI")  # frame type, channel, payload size
 _END = bytes([spec.FRAME_END])
+
+
+def data_available(self: pika.connection.Connection, data_in: bytes) -> None:
+    """`Connection._on_data_available`: process the frames in what was read, decoded in place.
+    A frame the last read left incomplete (`_frame_buffer`, a view of that read) is completed
+    first with the fewest bytes of this one."""
+    view, start, end = memoryview(data_in), 0, len(data_in)
+    while self._frame_buffer and start < end:
+        pending = self._frame_buffer
+        length = _frame_length(pending, 0, len(pending))
+        take = min((length or _HEADER.size) - len(pending), end - start)
+        pending = self._frame_buffer = memoryview(b"".join((pending, view[start:start + take])))
+        start += take
+        if length is not None and len(pending) == length:
+            self._frame_buffer = b""
+            _process(self, pending, 0, length)
+    while start < end and not self._frame_buffer:
+        length = _frame_length(view, start, end)
+        if length is None or start + length > end:
+            self._frame_buffer = view[start:]
+            return
+        _process(self, view, start, length)
+        start += length
+
+
+def _frame_length(view: memoryview, start: int, end: int) -> int | None:
+    """The length of the frame at `view[start:]`, None until its header is there."""
+    if end - start < _HEADER.size:
+        return None
+    if view[start:start + 4] == b"AMQP":  # a protocol header: the server refused our version
+        return 8
+    return _HEADER.size + _HEADER.unpack_from(view, start)[2] + 1
+
+
+def _process(self: pika.connection.Connection, view: memoryview, start: int,
+             length: int) -> None:
+    """Process the frame `view[start:start + length]`. A body frame's payload stays a view
+    (pika joins a message's payloads into its body); other frames, small, pika decodes."""
+    self.bytes_received += length
+    kind, channel, _ = _HEADER.unpack_from(view, start)
+    if kind != spec.FRAME_BODY:
+        self._process_frame(frame.decode_frame(bytes(view[start:start + length]))[1])
+        return
+    if view[start + length - 1] != spec.FRAME_END:
+        raise exceptions.InvalidFrameError("Invalid FRAME_END marker")
+    self._process_frame(frame.Body(channel, view[start + _HEADER.size:start + length - 1]))
 
 
 def send_message(self: pika.connection.Connection, channel_number: int, method: Any,
@@ -41,6 +90,7 @@ def send_message(self: pika.connection.Connection, channel_number: int, method: 
 
 
 _transport = io_services_utils._AsyncTransportBase
-_transport._MAX_RECV_BYTES = 128 * 1024
+_transport._MAX_RECV_BYTES = 1024 * 1024
 _transport._MAX_CONSUME_BYTES = 1024 * 1024  # per I/O event, before other events get a turn
+pika.connection.Connection._on_data_available = data_available
 pika.connection.Connection._send_message = send_message

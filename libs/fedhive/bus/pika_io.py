@@ -55,9 +55,10 @@ def _frame_length(view: memoryview, start: int, end: int) -> int | None:
     """The length of the frame at `view[start:]`, None until its header is there."""
     if end - start < _HEADER.size:
         return None
-    if view[start:start + 4] == b"AMQP":  # a protocol header: the server refused our version
+    if view[start:start + 4].tobytes() == b"AMQP":  # a protocol header: our version refused
         return 8
-    return _HEADER.size + _HEADER.unpack_from(view, start)[2] + 1
+    size: int = _HEADER.unpack_from(view, start)[2]
+    return _HEADER.size + size + 1
 
 
 def _process(self: pika.connection.Connection, view: memoryview, start: int,

@@ -152,6 +152,22 @@ def test_a_handler_may_answer_later_from_another_thread(bus: Bus, namespace: str
     assert replies["now"] == "at once"
 
 
+def test_a_queue_is_reached_by_each_of_its_many_binding_keys(bus: Bus, namespace: str) -> None:
+    """As a job's task queue for hundreds of sites (RabbitBus binds them without waiting for
+    each, the last bind confirming all: `Topology.declare_queue`)."""
+    names = Names(namespace)
+    queue = names.job_server_queue("many")
+    keys = [names.job_site_route("many", f"s{i}") for i in range(200)]
+    bus.serve(queue, reserve, CHECK, binding_keys=keys)
+    for target in (queue, keys[0], keys[117], keys[-1]):
+        reply = bus.call(target, site_pb2.CheckResourcesRequest(job_id=target[-4:]),
+                         site_pb2.CheckResourcesReply, timeout=10)
+        assert reply.token == f"tok-{target[-4:]}"
+    with pytest.raises(Unroutable):
+        bus.call(names.job_site_route("many", "s200"), site_pb2.CheckResourcesRequest(),
+                 site_pb2.CheckResourcesReply, timeout=10)
+
+
 def test_unroutable_publish_raises(bus: Bus, namespace: str) -> None:
     queue = Names(namespace).site_queue("nobody")
     with pytest.raises(Unroutable) as caught:

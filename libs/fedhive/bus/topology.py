@@ -114,8 +114,11 @@ class Topology:
             channel.queue_bind(queue=dlq, exchange=self.names.dead_letter_exchange,
                                routing_key=spec.name)
         channel.queue_declare(queue=spec.name, durable=True, arguments=self.queue_arguments(spec))
-        for key in spec.binding_keys:
-            channel.queue_bind(queue=spec.name, exchange=spec.exchange, routing_key=key)
+        *unconfirmed, last = spec.binding_keys
+        for key in unconfirmed:  # no-wait binds (pika's channel under the blocking one), in order
+            channel._impl.queue_bind(queue=spec.name, exchange=spec.exchange, routing_key=key)
+        # the last one's reply confirms them all: a failed bind closes the channel before it
+        channel.queue_bind(queue=spec.name, exchange=spec.exchange, routing_key=last)
 
     def _check_queue(self, channel: Any, queue: str) -> None:
         try:

@@ -14,7 +14,8 @@ min_clients = N, a trainer that adds 1. For each N:
 * `round_s`: (the last round's report - the first's) / (rounds - 1); the first round also holds
   the client jobs' start-up;
 * `sj_cpu_ms_per_result`: the server job's CPU time (user + system) between those two reports,
-  divided by the results those rounds took in (N x (rounds - 1));
+  divided by the results those rounds took in (N x (rounds - 1)); `sj_system_ms_per_result`
+  the kernel's part of it (socket reads and writes, page faults);
 * `host_rss_mib`: the hosts' peak RSS (summed) while the job ran; `mib_per_site` the slope
   between the smallest and the largest N (what one more light site costs, a host's own ~55 MiB
   included once per HOST_SITES sites).
@@ -86,7 +87,7 @@ class Watch:
         self._hosts = hosts
         self._runner = runner
         self.peak_rss = 0
-        self.cpu_at_round: dict[int, float] = {}  # rounds reported -> SJ CPU seconds then
+        self.cpu_at_round: dict[int, tuple[float, float]] = {}  # rounds -> SJ (user, system) s
         self.job_id = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -107,11 +108,11 @@ class Watch:
                 server_job = _process_in(str(workspace))
                 continue
             try:
-                cpu = sum(server_job.cpu_times()[:2])
+                user, system = server_job.cpu_times()[:2]
                 reported = len(json.loads((workspace / "metrics.json").read_text())["rounds"])
             except (psutil.Error, OSError, ValueError, KeyError):
                 continue  # not written yet, being rewritten, or the job is over
-            self.cpu_at_round.setdefault(reported, cpu)
+            self.cpu_at_round.setdefault(reported, (user, system))
 
 
 def rss(processes: list[psutil.Process]) -> int:
@@ -173,8 +174,10 @@ def run_sites(count: int, rounds: int, keep_logs: Path | None = None) -> dict[st
                     "host_idle_rss_mib": round(idle_rss / MiB, 1), "s3": s3}
         if 1 in cpu and rounds in cpu:
             results = count * (rounds - 1)
+            (user, system), (user_1, system_1) = cpu[rounds], cpu[1]
             measured["sj_cpu_ms_per_result"] = round(
-                (cpu[rounds] - cpu[1]) * 1000 / results, 3)
+                (user + system - user_1 - system_1) * 1000 / results, 3)
+            measured["sj_system_ms_per_result"] = round((system - system_1) * 1000 / results, 3)
         return measured
 
 

@@ -27,9 +27,11 @@ from fedhive.proto.v1 import task_pb2
 
 URL_MARGIN_MS = 600_000  # re-sign a cached URL that would expire within 10 minutes
 # A broadcast's inline bytes times its sites, past which they are stored once instead: each
-# copy passes this process's socket and waits in a queue of the broker (a 16 MiB inline model to
-# 300 sites would be 4.8 GB there). Under it, inline is faster on one machine (bench/RESULTS.md).
-FAN_OUT_BUDGET = 256 * 1024 * 1024
+# copy passes this process's socket (~0.5 ms of its CPU per MiB) and waits in a queue of the
+# broker (a 16 MiB inline model to 300 sites would be 4.8 GB there); stored, the round waits for
+# one upload and the sites' downloads. A 1 MiB model on one machine (bench/RESULTS.md, scale):
+# inline rounds are faster at 64 sites, stored ones as fast at 100 with 20 % less server CPU.
+FAN_OUT_BUDGET = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)

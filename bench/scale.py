@@ -6,8 +6,8 @@ where the machine's shared node allows 927 connections, fewer than 300 light sit
 light-site host processes (`fedhive-site-agent host`) of at most HOST_SITES sites each: every
 site its own broker user, control queue and heartbeats every 5 s, its client job a thread of its
 host (the runner's sync timeout raised to SYNC_TIMEOUT_S: a host's deploys and starts share one
-process; one host of 300 sites, ~3,600 threads, missed it on this 2-core machine; its site TTL
-raised to SITE_TTL_S: a host's heartbeats wait behind its client jobs). One job
+process; one host of 300 sites, ~3,600 threads, missed it on this 2-core machine; its site and
+job TTLs raised to TTL_S: a host's heartbeats wait behind its client jobs). One job
 per N: ScatterAndGather over a 1 MiB float32 model (inline in the messages), `--rounds` rounds,
 min_clients = N, a trainer that adds 1. For each N:
 
@@ -15,7 +15,9 @@ min_clients = N, a trainer that adds 1. For each N:
   the client jobs' start-up;
 * `sj_cpu_ms_per_result`: the server job's CPU time (user + system) between those two reports,
   divided by the results those rounds took in (N x (rounds - 1)); `sj_system_ms_per_result`
-  the kernel's part of it (socket reads and writes, page faults);
+  the kernel's part of it (socket reads and writes, page faults); `host_cpu_ms_per_result` the
+  light-site hosts' CPU time over the same rounds per result (a site's whole round: its task
+  in, the trainer, its result out);
 * `host_rss_mib`: the hosts' peak RSS (summed) while the job ran; `mib_per_site` the slope
   between the smallest and the largest N (what one more light site costs, a host's own ~55 MiB
   included once per HOST_SITES sites).
@@ -72,10 +74,11 @@ from tests.fixtures.site_agent import SiteUsers, start_host, storage_url, write_
 MiB = 1024 * 1024
 SAMPLE_S = 0.05
 SYNC_TIMEOUT_S = 120
-# A host's 100 sites' heartbeat threads wait for the GIL behind its 100 busy client jobs: at
-# 3 beats (15 s) up to a third of them were declared offline mid-job (~1 run in 6, 2 cores).
-# Liveness under load is bench/liveness.py's measure; here a site is offline after 60 s.
-SITE_TTL_S = 12 * HEARTBEAT_S
+# A host's 100 sites' heartbeat threads, and their client jobs' beats, wait for the GIL behind
+# its 100 busy client jobs: at 3 beats (15 s) up to a third of the sites were declared offline
+# mid-job (~1 run in 6, 2 cores), and at 300 sites a client job "stopped reporting the job" in
+# round 0. Liveness under load is bench/liveness.py's measure; here both TTLs are 60 s.
+TTL_S = 12 * HEARTBEAT_S
 HOST_SITES = 100
 
 
@@ -87,7 +90,8 @@ class Watch:
         self._hosts = hosts
         self._runner = runner
         self.peak_rss = 0
-        self.cpu_at_round: dict[int, tuple[float, float]] = {}  # rounds -> SJ (user, system) s
+        self.cpu_at_round: dict[int, tuple[float, float, float]] = {}  # rounds -> SJ (user,
+        # system) and the hosts' (user + system) CPU seconds then
         self.job_id = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -109,10 +113,11 @@ class Watch:
                 continue
             try:
                 user, system = server_job.cpu_times()[:2]
+                hosts = sum(sum(host.cpu_times()[:2]) for host in self._hosts)
                 reported = len(json.loads((workspace / "metrics.json").read_text())["rounds"])
             except (psutil.Error, OSError, ValueError, KeyError):
                 continue  # not written yet, being rewritten, or the job is over
-            self.cpu_at_round.setdefault(reported, (user, system))
+            self.cpu_at_round.setdefault(reported, (user, system, hosts))
 
 
 def rss(processes: list[psutil.Process]) -> int:
@@ -148,7 +153,8 @@ def run_sites(count: int, rounds: int, keep_logs: Path | None = None) -> dict[st
         settings = dataclasses.replace(settings, amqp_url=broker.amqp_url)
         # All N client jobs start in one process on 2 shared cores: their start replies take
         # longer than a site of its own takes (the default sync timeout is 10 s).
-        services = start_services(settings, root, stack, "--site-ttl", str(SITE_TTL_S),
+        services = start_services(settings, root, stack, "--site-ttl", str(TTL_S),
+                                  "--job-ttl", str(TTL_S),
                                   "--sync-timeout", str(SYNC_TIMEOUT_S))
         bus, state, blobs, runner = services.bus, services.state, services.blobs, services.runner
         hosts = start_hosts(write_sites(settings, root, sites, bus.user, stack, broker.ctl),
@@ -174,10 +180,11 @@ def run_sites(count: int, rounds: int, keep_logs: Path | None = None) -> dict[st
                     "host_idle_rss_mib": round(idle_rss / MiB, 1), "s3": s3}
         if 1 in cpu and rounds in cpu:
             results = count * (rounds - 1)
-            (user, system), (user_1, system_1) = cpu[rounds], cpu[1]
+            (user, system, hosts), (user_1, system_1, hosts_1) = cpu[rounds], cpu[1]
             measured["sj_cpu_ms_per_result"] = round(
                 (user + system - user_1 - system_1) * 1000 / results, 3)
             measured["sj_system_ms_per_result"] = round((system - system_1) * 1000 / results, 3)
+            measured["host_cpu_ms_per_result"] = round((hosts - hosts_1) * 1000 / results, 3)
         return measured
 
 

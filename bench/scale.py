@@ -8,7 +8,8 @@ site its own broker user, control queue and heartbeats every 5 s, its client job
 host (the runner's sync timeout raised to SYNC_TIMEOUT_S: a host's deploys and starts share one
 process; one host of 300 sites, ~3,600 threads, missed it on this 2-core machine; its site and
 job TTLs raised to TTL_S: a host's heartbeats wait behind its client jobs). One job
-per N: ScatterAndGather over a 1 MiB float32 model (inline in the messages), `--rounds` rounds,
+per N: ScatterAndGather over a 1 MiB float32 model (inline in the messages; the task's stored once
+instead past 64 sites, `fedhive.fl.task_data.FAN_OUT_BUDGET`), `--rounds` rounds,
 min_clients = N, a trainer that adds 1. For each N:
 
 * `round_s`: (the last round's report - the first's) / (rounds - 1); the first round also holds

@@ -69,8 +69,12 @@ def test_consumer_and_rpc_resume_after_the_broker_closes_connections(
               [site_pb2.CheckResourcesRequest])
     bus.send(commands, site_pb2.AbortRequest(job_id="before"))
     wait_for(lambda: got == ["before"], what="the first command")
+    first = consumer.consuming_since
+    assert first is not None
     assert broker.close_connections() == 3  # two consumers and the publisher
-    wait_for(lambda: not consumer.consuming, what="the consumer to notice")
+    # it may be back within milliseconds (its first retry waits 0.01 s): a new connection's
+    # start, not a gap a poll could miss, says it noticed
+    wait_for(lambda: (consumer.consuming_since or 0) > first, what="the consumer to reconnect")
     bus.send(commands, site_pb2.AbortRequest(job_id="after"))
     wait_for(lambda: got == ["before", "after"], timeout=20, what="the command after the close")
     assert consumer.consuming

@@ -91,8 +91,8 @@ class Watch:
         self._hosts = hosts
         self._runner = runner
         self.peak_rss = 0
-        self.cpu_at_round: dict[int, tuple[float, float, float]] = {}  # rounds -> SJ (user,
-        # system) and the hosts' (user + system) CPU seconds then
+        # rounds reported -> the server job's user and system, and the hosts' CPU seconds then
+        self.cpu_at_round: dict[int, tuple[float, float, float]] = {}
         self.job_id = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)

@@ -27,7 +27,7 @@ class Connection:
 
 def _stream() -> list[bytes]:
     """A delivery whose body spans frames, a heartbeat, and a one-frame delivery."""
-    body = bytes(random.Random(7).randbytes(3 * 131_064 + 11))
+    body = random.Random(7).randbytes(3 * 131_064 + 11)
     frames: list[frame.Frame] = [
         frame.Method(1, spec.Basic.Deliver("ctag", 1, False, "ex", "key")),
         frame.Header(1, len(body), spec.BasicProperties(type="fedhive.v1.X")),

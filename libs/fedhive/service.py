@@ -62,7 +62,11 @@ def run(
         print(f"{service}: {err}", file=sys.stderr)
         sys.exit(2)
     log.info("service.started")
-    stop.wait()
+    # Python runs handlers on the main thread only, and a signal the kernel hands another
+    # thread (a fenced job-runner signals itself from its lease thread) does not wake a
+    # blocked wait: waking now and then is what lets the handler run at all.
+    while not stop.wait(timeout=1.0):
+        pass
     log.info("service.stopping")
     readiness.close()
     running.close()

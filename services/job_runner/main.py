@@ -13,10 +13,10 @@ over while it was frozen or cut off shuts itself down. Configured by the FEDHIVE
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import socket
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -92,8 +92,12 @@ class JobRunner:
 
 
 def shut_down() -> None:
-    """A fenced runner's way out: the clean shutdown of SIGTERM (`fedhive.service.run`)."""
-    os.kill(os.getpid(), signal.SIGTERM)
+    """A fenced runner's way out: the clean shutdown of SIGTERM (`fedhive.service.run`), sent
+    to the main thread, the one waiting for it (the kernel may hand a process's signal to any
+    thread)."""
+    main = threading.main_thread().ident
+    assert main is not None  # started: it runs this process
+    signal.pthread_kill(main, signal.SIGTERM)
 
 
 def make_handler(ctx: RunnerContext) -> Handler:

@@ -271,11 +271,12 @@ def test_the_disk_filling_during_the_start(poc: Poc, tmp_path: Path) -> None:
 
 def test_the_gateway_port_taken_while_starting(poc: Poc, tmp_path: Path) -> None:
     """Free at the check, taken before the gateway listens (another program was faster): the
-    S3 server and the services already run, and are stopped."""
+    S3 server runs and the services start, and all are stopped. Taken while the broker users
+    are made, before any service is spawned: a gateway that starts fast must not win the race."""
     before = children()
     start = Running(["poc", "start", *poc.options], poc.env, tmp_path / "stderr")
     with socket.socket() as taken:
-        start.wait_for("poc: starting job-store", timeout=60)
+        start.wait_for("poc: creating broker users", timeout=60)
         taken.bind(("127.0.0.1", poc.port))
         taken.listen()
         done = start.finish(timeout=60)

@@ -1,16 +1,20 @@
-"""fedhive's frame decoding for pika (bus/pika_io.py): every frame comes out whole, in order,
-however the socket cut the stream into reads."""
+"""fedhive's socket I/O for pika (bus/pika_io.py): every frame comes out whole, in order,
+however the socket cut the stream into reads; a message goes out as pika would frame it,
+however little of it each write takes."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+import socket
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from pika import exceptions, frame, spec
 
-from fedhive.bus.pika_io import data_available
+from fedhive.bus.pika_io import data_available, produce, send_message
 
 
 @dataclass
@@ -67,3 +71,54 @@ def test_a_body_frame_without_its_end_marker_is_refused() -> None:
     bad = frame.Body(1, b"payload").marshal()[:-1] + b"\x00"
     with pytest.raises(exceptions.InvalidFrameError):
         data_available(Connection(), bad)  # type: ignore[arg-type]
+
+
+@dataclass
+class Transport:
+    """What `produce` uses of pika's plaintext transport."""
+
+    _sock: socket.socket
+    _tx_buffers: deque[Any] = field(default_factory=deque)
+    _tx_buffered_byte_count: int = 0
+
+
+@dataclass
+class Sender:
+    """What `send_message` uses of a pika connection."""
+
+    transport: Transport
+    _body_max_length: int = 131_064
+    frames_sent: int = 0
+    bytes_sent: int = 0
+
+    def _adapter_emit_data(self, data: Any) -> None:
+        self.transport._tx_buffers.append(data)
+        self.transport._tx_buffered_byte_count += len(data)
+
+
+def test_a_message_goes_out_as_pika_frames_it_however_little_each_write_takes() -> None:
+    body = random.Random(5).randbytes(3 * 131_064 + 11)
+    method = spec.Basic.Publish(exchange="ex", routing_key="key")
+    properties = spec.BasicProperties()
+    expected = b"".join(value.marshal() for value in (
+        frame.Method(1, method), frame.Header(1, len(body), properties),
+        *(frame.Body(1, body[at:at + 131_064]) for at in range(0, len(body), 131_064))))
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # many partial writes
+        ours.setblocking(False)
+        sender = Sender(Transport(ours))
+        send_message(sender, 1, method, (properties, body))  # type: ignore[arg-type]
+        received, writes = bytearray(), 0
+        while sender.transport._tx_buffers:
+            with contextlib.suppress(BlockingIOError):  # pika waits until it is writable
+                produce(sender.transport)  # type: ignore[arg-type]
+            writes += 1
+            received += theirs.recv(1 << 20)
+        theirs.setblocking(False)
+        while len(received) < len(expected):
+            received += theirs.recv(1 << 20)
+    assert bytes(received) == expected
+    assert writes > 10
+    assert sender.transport._tx_buffered_byte_count == 0
+    assert (sender.frames_sent, sender.bytes_sent) == (6, len(expected))

@@ -34,7 +34,14 @@ from google.protobuf.message import Message
 from fedhive.auth import Action, Admin, decide, denial
 from fedhive.blobs import BlobStore
 from fedhive.bus import Bus
-from fedhive.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, Unroutable
+from fedhive.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    RpcTimeout,
+    Unavailable,
+    Unroutable,
+)
 from fedhive.jobs.archive import MiB
 from fedhive.jobs.limits import (
     MAX_FILTER,
@@ -72,7 +79,7 @@ class GatewayConfig:
     # A running job's record, read for an operation, serves its next operations this long: a
     # hub site runs one or two every round (tens a second with a small model), each then one
     # job-store call less. Short: an operation sent in this window after the job was aborted
-    # reaches its stopping server job and waits out its timeout instead of being refused.
+    # reaches its stopping server job and waits out its timeout before being refused.
     operating_record_s: float = 1.0
 
 
@@ -369,11 +376,18 @@ class Gateway:
             return self._bus.call(self._names.job_server_queue(job.job_id), request,
                                   reply_type, timeout=timeout)
         except Unroutable:  # running, but its server job is not serving yet (or just ended)
-            with self._operating_lock:
-                self._operating.pop(job.job_id, None)
-            self._running_job(admin, job.job_id)  # ended since it was read: say so
+            self._ended_since(admin, job)
             raise Unavailable(f"job {job.job_id}: its server job is not serving (starting or "
                               "ending); try again", field="job_id") from None
+        except RpcTimeout:  # e.g. sent as the server job stopped consuming: lost with its queue
+            self._ended_since(admin, job)
+            raise
+
+    def _ended_since(self, admin: Admin, job: job_pb2.JobRecord) -> None:
+        """FailedPrecondition with the job's end when it ended since its record was read."""
+        with self._operating_lock:
+            self._operating.pop(job.job_id, None)
+        self._running_job(admin, job.job_id)
 
     def list_sites(self, admin: Admin) -> admin_pb2.ListSitesReply:
         self._authorize(admin, Action.SITES)

@@ -5,6 +5,7 @@ authorised on every call; a job that ended meanwhile is refused with its status 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,9 @@ class System:
     def server_job(self, message: Message, delivery: Delivery) -> Any:
         assert isinstance(message, operation_pb2.OperationRequest)
         self.operations.append(message.op_id)
+        if message.op_id == "lost":  # taken as its server job stopped: answered too late
+            self.status = JobStatus.FINISHED_COMPLETED
+            time.sleep(0.5)
         return operation_pb2.OperationReply(state=operation_pb2.OperationReply.STATE_DONE)
 
     def operate(self, admin: Admin = OWNER, op_id: str = "op") -> operation_pb2.OperationReply:
@@ -60,19 +64,21 @@ class System:
         self.status = JobStatus.FINISHED_COMPLETED
 
 
-def start(tmp_path: Any, record_s: float) -> Iterator[System]:
+def start(tmp_path: Any, record_s: float, rpc_timeout: float = 30.0) -> Iterator[System]:
     broker = MemoryBroker()
     bus = MemoryBus(broker, "services", NAMES)
     store = LocalBlobStore(tmp_path / "blobs")
-    gateway = Gateway(bus, store, NAMES, GatewayConfig(operating_record_s=record_s),
-                      structlog.get_logger())
+    config = GatewayConfig(operating_record_s=record_s, rpc_timeout=rpc_timeout)
+    gateway = Gateway(bus, store, NAMES, config, structlog.get_logger())
     system = System(gateway, bus)
     bus.serve(NAMES.service_queue(JOB_STORE), system.job_store, [admin_pb2.GetJobRequest])
     bus.serve(NAMES.job_server_queue(JOB), system.server_job,
               [operation_pb2.OperationRequest], replicated=False)
-    yield system
-    bus.close()
-    store.close()
+    try:
+        yield system
+    finally:
+        bus.close()
+        store.close()
 
 
 @pytest.fixture
@@ -111,3 +117,11 @@ def test_without_reuse_every_operation_reads_the_job(tmp_path: Any) -> None:
         system.operate()
         system.operate()
         assert system.reads == 2
+
+
+def test_an_operation_lost_as_the_job_ended_is_refused_with_its_status(tmp_path: Any) -> None:
+    for system in start(tmp_path, record_s=60, rpc_timeout=0.2):
+        system.operate()
+        with pytest.raises(FailedPrecondition, match=r"FINISHED:COMPLETED .*takes no more"):
+            system.operate(op_id="lost")  # not "no reply": the caller would wait and retry
+        assert system.operations == ["op", "lost"]

@@ -3,6 +3,7 @@ pages, `_new_buffer`), bit-exact, writable, and a wrong byte still fails naming 
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 from collections.abc import Sequence
 
@@ -11,6 +12,7 @@ import pytest
 
 from fedhive.blobs import BlobLocation, TensorCache, TensorKind, TensorRef, unpack
 from fedhive.blobs.checksum import digest
+from fedhive.blobs.codec import inline_refs
 from fedhive.blobs.transfer import MiB
 from fedhive.blobs.unpack import DOWNLOAD_PART_SIZE
 from fedhive.errors import ChecksumMismatch
@@ -89,3 +91,17 @@ def test_checksums_are_blake3_and_an_old_checkpoints_sha256_refs_still_verify() 
     stored[0] ^= 1
     with pytest.raises(ChecksumMismatch, match="tensor 'w'"):
         unpack([old], MemoryFetcher({"k/sha256/w": bytes(stored)}))
+
+
+def test_inline_bytes_are_copied_unless_a_reader_asks_for_views_still_verified() -> None:
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    ref = inline_refs({"w": array}, limit=MiB)[0]
+    owned = unpack([ref], MemoryFetcher({}))["w"]
+    assert owned.flags.writeable and not np.shares_memory(owned, np.frombuffer(
+        ref.inline_data, np.uint8))
+    view = unpack([ref], MemoryFetcher({}), own=False)["w"]
+    assert np.array_equal(view, array) and not view.flags.writeable
+    assert np.shares_memory(view, np.frombuffer(ref.inline_data, np.uint8))  # no copy
+    tampered = dataclasses.replace(ref, inline_data=bytes(len(ref.inline_data)))
+    with pytest.raises(ChecksumMismatch, match="'w': bytes from inline data"):
+        unpack([tampered], MemoryFetcher({}), own=False)

@@ -55,8 +55,11 @@ def unpack(
     workers: int = DOWNLOAD_WORKERS,
     part_size: int = DOWNLOAD_PART_SIZE,
     cache: TensorCache | None = None,
+    own: bool = True,
 ) -> dict[str, Any]:
     """name -> numpy array / torch tensor (per ref `kind`, or `kind` for all), checksums verified.
+    Each array has memory of its own; with `own=False` an inline ref's is a read-only view of
+    its bytes instead (no copy: for a reader that only reads, as the server's aggregation).
 
     Raises ChecksumMismatch naming the tensor and key when bytes differ from the ref (including
     an object that became shorter), BlobNotFound / BlobAccessDenied from the fetcher.
@@ -73,7 +76,8 @@ def unpack(
     for ref in refs:
         hasher = checksum.hasher_for(ref.checksum, ref.name)
         if ref.is_inline:
-            buffer = np.frombuffer(ref.inline_data, dtype=np.uint8).copy()
+            buffer = np.frombuffer(ref.inline_data, dtype=np.uint8)
+            buffer = buffer.copy() if own else buffer
             hasher.update(buffer)
             slot_of.append(len(slots))
             slots.append(_Slot(ref, buffer, hasher))
@@ -92,12 +96,14 @@ def unpack(
         slot_of.append(stored[identity])
     wanted = [slot for slot in slots if slot.ref.key and not slot.cached]
     reusable = [slot for slot in slots if slot.cached]
-    # the pool starts its thread on the first submit: none when nothing is cached (a small
-    # model's every task unpacks inline refs only)
-    with ThreadPoolExecutor(max_workers=1) as side:
-        verdict = side.submit(_changed, reusable) if reusable else None  # re-hash meanwhile
+    if reusable:
+        with ThreadPoolExecutor(max_workers=1) as side:
+            verdict = side.submit(_changed, reusable)  # re-hashed while the rest downloads
+            _download(wanted, fetcher, workers, part_size)
+            stale = verdict.result()
+    else:  # no pool: a small model's every result unpacks inline refs only
         _download(wanted, fetcher, workers, part_size)
-        stale = verdict.result() if verdict is not None else []
+        stale = []
     for slot in stale:  # mutated since it was handed out: download it again, into new memory
         slot.cached = False
         slot.buffer = _new_buffer(slot.ref.length)

@@ -250,7 +250,7 @@ class InTimeAccumulateWeightedAggregator(Aggregator):
         """`value` (a ref is read, checksum verified) times `weight`, in a buffer of its own."""
         try:
             if isinstance(value, TensorRef):
-                storage, owned = self._fetch(site, name, value), True
+                storage, owned = self._fetch(site, name, value), not value.is_inline
             else:
                 storage, owned = storage_of(name, value)[0], False
         except FedhiveError as err:
@@ -262,10 +262,11 @@ class InTimeAccumulateWeightedAggregator(Aggregator):
         return array
 
     def _fetch(self, site: str, name: str, ref: TensorRef) -> Array:
-        """`ref`'s tensor, checksum verified; an error names the site that uploaded it."""
+        """`ref`'s tensor, checksum verified (inline: a read-only view of the result's
+        bytes); an error names the site that uploaded it."""
         assert self.models is not None
         try:
-            return self.models.fetch(ref)
+            return self.models.fetch(ref, own=False)
         except FedhiveError as err:
             raise type(err)(f"{err.message}{uploaded_by(ref.key)}", field=name) from err
 

@@ -9,6 +9,7 @@ import pytest
 from google.protobuf.message import Message
 
 from fedhive.bus import Delivery, RabbitBus
+from fedhive.bus import consumer as consumer_module
 from fedhive.errors import FedhiveError, Unavailable
 from fedhive.names import Names
 from fedhive.proto.v1 import site_pb2
@@ -153,3 +154,17 @@ def test_a_call_waiting_when_its_bus_closes_ends_at_once(
     caller.join(timeout=20)  # far below the call's own 60 s timeout
     assert not caller.is_alive(), "the call kept waiting after its bus closed"
     assert len(ended) == 1 and isinstance(ended[0], Unavailable), ended
+
+
+def test_stopping_an_idle_consumer_wakes_its_connection_thread(
+    make_bus: Callable[..., RabbitBus], namespace: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(consumer_module, "IDLE_WAKE_S", 600.0)  # idle: never wakes by itself
+    bus = make_bus()
+    consumer = bus.serve(Names(namespace).site_queue("idle"), lambda *_: None, ABORT)
+    wait_for(lambda: consumer.consuming, what="the consumer to consume")
+    threading.Event().wait(1)  # its connection thread now waits for the broker
+    stopper = threading.Thread(target=consumer.stop)
+    stopper.start()
+    stopper.join(timeout=20)  # far below its idle wake-up
+    assert not stopper.is_alive(), "stop() waited for the idle consumer to wake by itself"

@@ -25,7 +25,8 @@ lint: setup
 # their own SeaweedFS S3 server. pytest's "no tests collected" (exit 5) counts as a failure.
 # TEST_WORKERS pytest processes share the tests a file at a time (every test has its own
 # namespace, ports and private brokers): about half the suite's time waits on the services, so
-# two on 2 cores take ~40 % less time than one (TEST_WORKERS=0: one process, no xdist). The
+# two on 2 cores take ~40 % less time than one; three take longer than two (17.4 -> 20.4 min,
+# 2026-11-28) and starve timing-bound fault tests (TEST_WORKERS=0: one process, no xdist). The
 # 25 slowest tests are listed at the end (CI's log shows where the suite's time goes).
 TEST_WORKERS ?= 2
 test: setup infra

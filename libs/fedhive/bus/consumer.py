@@ -141,7 +141,7 @@ class Consumer:
         self._start_error: ConfigError | None = None
         self._consumed = False  # whether the current connection got as far as consuming
         self._consuming_since: float | None = None
-        self._live: tuple[Any, str] | None = None  # (channel, consumer tag) while consuming
+        self._live: tuple[_Session, str] | None = None  # (session, consumer tag) while consuming
         self._thread = threading.Thread(target=self._run, name=f"bus-consumer-{spec.name}")
         self._log = log.bind(queue=spec.name)
 
@@ -166,7 +166,8 @@ class Consumer:
         consumer still registered (false while reconnecting, and once the broker closed the
         channel or cancelled the consumer, e.g. because its queue was deleted)."""
         live = self._live
-        return live is not None and live[0].is_open and live[1] in live[0].consumer_tags
+        return (live is not None and live[0].channel.is_open
+                and live[1] in live[0].channel.consumer_tags)
 
     @property
     def consuming_since(self) -> float | None:
@@ -179,8 +180,7 @@ class Consumer:
         self._stopping.set()
         live = self._live
         if live is not None:  # wake its connection thread, idle in `process_data_events`
-            with contextlib.suppress(pika.exceptions.ConnectionWrongStateError):
-                live[0].connection.add_callback_threadsafe(lambda: None)
+            _on_connection(live[0], lambda: None)
         if self._thread.is_alive():
             self._thread.join()
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -215,7 +215,7 @@ class Consumer:
             tag = channel.basic_consume(self.spec.name, partial(self._on_message, session))
             self._consumed = True
             self._consuming_since = time.monotonic()
-            self._live = (channel, tag)
+            self._live = (session, tag)
             self._ready.set()
             self._log.info("bus.consuming")
             while not self._stopping.is_set():

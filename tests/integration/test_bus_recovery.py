@@ -1,4 +1,5 @@
-"""RabbitMQ adapter: connections closed by the broker, and heartbeats during long handlers."""
+"""RabbitMQ adapter: connections closed by the broker, heartbeats during long handlers, and
+threads waiting on a connection handing it over."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from google.protobuf.message import Message
 
 from fedhive.bus import Delivery, RabbitBus
 from fedhive.bus import consumer as consumer_module
+from fedhive.bus import rpc as rpc_module
 from fedhive.errors import FedhiveError, Unavailable
 from fedhive.names import Names
 from fedhive.proto.v1 import site_pb2
@@ -168,3 +170,63 @@ def test_stopping_an_idle_consumer_wakes_its_connection_thread(
     stopper.start()
     stopper.join(timeout=20)  # far below its idle wake-up
     assert not stopper.is_alive(), "stop() waited for the idle consumer to wake by itself"
+
+
+def _release_on_demand(make_bus: Callable[..., RabbitBus], namespace: str,
+                       ) -> tuple[RabbitBus, str, dict[str, threading.Event]]:
+    """A client bus and a queue whose server answers a request (its job id its token) once the
+    test sets the event of that job id; with `rpc.SLICE` patched to 600 s, a waiting caller
+    services the connection until something wakes it."""
+    server, client = make_bus(name="server"), make_bus(name="client")
+    queue = Names(namespace).site_queue("held")
+    releases = {name: threading.Event() for name in ("first", "second")}
+
+    def handler(message: Message, delivery: Delivery) -> Message:
+        releases[job_id(message)].wait(60)
+        return site_pb2.CheckResourcesReply(ok=True, token=job_id(message))
+
+    server.serve(queue, handler, [site_pb2.CheckResourcesRequest], prefetch=2, concurrency=2)
+    return client, queue, releases
+
+
+def _caller(client: RabbitBus, queue: str, name: str, tokens: list[str]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: tokens.append(client.call(
+        queue, site_pb2.CheckResourcesRequest(job_id=name), site_pb2.CheckResourcesReply,
+        timeout=120).token))
+    thread.start()
+    return thread
+
+
+def test_a_call_is_sent_while_another_caller_waits_on_the_connection(
+    make_bus: Callable[..., RabbitBus], namespace: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(rpc_module, "SLICE", 600.0)
+    client, queue, releases = _release_on_demand(make_bus, namespace)
+    tokens: list[str] = []
+    waiting = _caller(client, queue, "first", tokens)
+    threading.Event().wait(1)  # the first caller now services the connection, waiting
+    releases["second"].set()
+    second = _caller(client, queue, "second", tokens)
+    second.join(timeout=20)  # far below the first caller's slice
+    assert tokens == ["second"], "the second call waited for the first caller's slice to end"
+    releases["first"].set()
+    waiting.join(timeout=20)
+    assert tokens == ["second", "first"]
+
+
+def test_a_waiting_call_takes_over_the_connection_from_one_answered(
+    make_bus: Callable[..., RabbitBus], namespace: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(rpc_module, "SLICE", 600.0)
+    client, queue, releases = _release_on_demand(make_bus, namespace)
+    tokens: list[str] = []
+    first = _caller(client, queue, "first", tokens)
+    threading.Event().wait(1)  # the first caller services the connection; the second sleeps
+    second = _caller(client, queue, "second", tokens)
+    threading.Event().wait(1)
+    releases["first"].set()
+    first.join(timeout=20)
+    assert tokens == ["first"]
+    releases["second"].set()  # nobody would read this reply unless the second caller took over
+    second.join(timeout=20)
+    assert tokens == ["first", "second"], "no caller serviced the connection after the first"

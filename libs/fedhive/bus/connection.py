@@ -5,7 +5,9 @@ between threads.
 pika's `BlockingConnection` is not thread-safe and only does I/O (heartbeats included) inside
 its own calls. `GuardedConnection` serialises every use behind one lock and runs a small
 keep-alive thread that services the connection while nobody else does, so heartbeats flow on
-an idle publisher too.
+an idle publisher too. A thread may hold the lock for long to wait for deliveries (an RPC
+caller waiting for its reply); one that needs the connection meanwhile takes it through `held()`,
+which wakes the waiting one, and `acquire_after_others()` lets such threads go first.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import contextlib
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -122,6 +124,17 @@ def connect(
                 time.sleep(wait)
 
 
+def wake(connection: pika.BlockingConnection) -> None:
+    """Make the thread waiting in the connection's `process_data_events` return (call from any
+    thread; nothing if the connection is closed)."""
+    with contextlib.suppress(pika.exceptions.ConnectionWrongStateError):
+        connection.add_callback_threadsafe(_nothing)
+
+
+def _nothing() -> None:
+    """A callback whose only effect is that `process_data_events` returns."""
+
+
 def _tls_refusal(err: BaseException) -> str | None:
     """Why the TLS handshake failed for good, or None (a failure that a retry may get past)."""
     if isinstance(err, ssl.SSLCertVerificationError):
@@ -148,6 +161,8 @@ class GuardedConnection:
         backoff: Backoff = RECONNECT,
     ) -> None:
         self.lock = threading.RLock()
+        self._wanted = 0  # threads waiting in `held()`; guarded by _turns
+        self._turns = threading.Condition()
         self._params = params
         self._setup = setup
         self._backoff = backoff
@@ -186,9 +201,39 @@ class GuardedConnection:
             with contextlib.suppress(*CONNECTION_LOST):
                 connection.close()
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """`lock`, taken soon: a thread holding it to wait for deliveries is woken to let go."""
+        with self._turns:
+            self._wanted += 1
+        try:
+            if not self.lock.acquire(blocking=False):
+                connection = self._connection
+                if connection is not None:
+                    wake(connection)
+                self.lock.acquire()
+        finally:
+            with self._turns:
+                self._wanted -= 1
+                self._turns.notify_all()
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def acquire_after_others(self, timeout: float) -> bool:
+        """Take `lock` to wait for deliveries, once every thread waiting in `held()` had it
+        (else a waiting thread woken to let go could take it straight back); False after
+        `timeout`."""
+        deadline = time.monotonic() + timeout
+        with self._turns:
+            if not self._turns.wait_for(lambda: self._wanted == 0, timeout):
+                return False
+        return self.lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+
     def close(self) -> None:
         self._closed.set()
-        with self.lock:
+        with self.held():
             self.reset()
         self._keepalive.join()
 

@@ -39,7 +39,7 @@ import structlog
 from google.protobuf.message import Message
 
 from fedhive.bus.codec import Encoded, TypeRegistry, encode
-from fedhive.bus.connection import RECONNECT, connect, user_name
+from fedhive.bus.connection import RECONNECT, connect, user_name, wake
 from fedhive.bus.delivery import (
     DIRECT_REPLY_TO,
     Admission,
@@ -180,7 +180,7 @@ class Consumer:
         self._stopping.set()
         live = self._live
         if live is not None:  # wake its connection thread, idle in `process_data_events`
-            _on_connection(live[0], lambda: None)
+            wake(live[0].connection)
         if self._thread.is_alive():
             self._thread.join()
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -10,12 +10,15 @@ other queue: the services), so a site that learnt a reply queue's name cannot an
 another; on a site's connection only the services can publish to direct reply-to at all.
 
 Many threads may call at once. Requests and the reply consumer share one guarded connection;
-whichever waiting caller holds the lock services it for a short slice and files every reply it
-receives under its correlation id, so each caller finds its own. A request carries the caller's
+one waiting caller at a time services it, filing every reply it receives under its correlation
+id, so each caller finds its own; the others sleep until a reply is filed or it hands over. It
+holds the connection until a reply comes (a caller that must send meanwhile wakes it:
+`GuardedConnection.held`), not for short slices: 50 callers waiting, each waking 20 times a
+second, took 130 ms of CPU a second (bench/RESULTS.md, scale). A request carries the caller's
 timeout as its AMQP expiration and as an absolute deadline the consumer checks (hosts' clocks
-must agree, as for presigned URLs), so it is never served late. If the
-connection drops, the next caller to take the lock reconnects and sends all outstanding
-requests again on the new channel (at-least-once; servers are idempotent by message_id).
+must agree, as for presigned URLs), so it is never served late. If the connection drops, the
+next caller to take the lock reconnects and sends all outstanding requests again on the new
+channel (at-least-once; servers are idempotent by message_id).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -53,7 +56,9 @@ from fedhive.retry import Backoff
 
 log = structlog.get_logger()
 
-SLICE = 0.05  # seconds one caller services the connection before letting another in
+# Longest a caller services the connection in one go: a safety net, since every reply, every
+# caller that needs the connection and `close()` make it return at once.
+SLICE = 2.0
 
 M = TypeVar("M", bound=Message)
 
@@ -82,7 +87,8 @@ class RpcClient:
         self._outstanding: dict[str, _Request] = {}  # by correlation id; guarded by the lock
         self._generation = 0  # bumped per new channel; guarded by the lock
         self._replies: dict[str, Reply | FedhiveError] = {}
-        self._arrived = threading.Condition()  # guards _replies
+        self._arrived = threading.Condition()  # guards _replies and _servicing
+        self._servicing = False  # a caller is (about to be) servicing the connection
         self._conn = GuardedConnection(params, self._setup, backoff=backoff)
 
     def call_many(
@@ -118,7 +124,7 @@ class RpcClient:
             while pending and (left := deadline - time.monotonic()) > 0:
                 if self._conn.closed:  # the process is shutting down: no reply will come
                     break
-                self._wait(min(left, SLICE))
+                self._wait(min(left, SLICE), lambda: any(c in self._replies for c in pending))
                 with self._arrived:
                     arrived = [c for c in pending if c in self._replies]
                     for correlation_id in arrived:
@@ -127,12 +133,13 @@ class RpcClient:
                             target, self._replies.pop(correlation_id), reply_type
                         )
         finally:
-            with self._conn.lock:
-                for correlation_id in pending:
-                    self._outstanding.pop(correlation_id, None)
-            with self._arrived:
-                for correlation_id in pending:
-                    self._replies.pop(correlation_id, None)
+            if pending:
+                with self._conn.held():
+                    for correlation_id in pending:
+                        self._outstanding.pop(correlation_id, None)
+                with self._arrived:
+                    for correlation_id in pending:
+                        self._replies.pop(correlation_id, None)
         for target in pending.values():
             results[target] = unanswered(target, timeout, closed=self._conn.closed)
         return results
@@ -161,7 +168,7 @@ class RpcClient:
     def _send(self, correlation_id: str, request: _Request) -> None:
         delays = self._backoff.delays()
         while True:
-            with self._conn.lock:
+            with self._conn.held():
                 self._outstanding[correlation_id] = request
                 try:
                     generation = self._generation
@@ -194,12 +201,32 @@ class RpcClient:
                 field=request.target,
             ))
 
-    def _wait(self, seconds: float) -> None:
-        """Service the connection for `seconds` if no other caller does, else wait for replies."""
-        if not self._conn.lock.acquire(blocking=False):
-            with self._arrived:
+    def _wait(self, seconds: float, ready: Callable[[], bool]) -> None:
+        """Until `ready()` (called under `_arrived`) or for at most `seconds`: service the
+        connection if no other caller does, else sleep until it files a reply or hands over."""
+        with self._arrived:
+            if ready():
+                return
+            if self._servicing:
                 self._arrived.wait(seconds)
-            return
+                return
+            self._servicing = True
+        try:
+            if self._conn.acquire_after_others(seconds):
+                try:
+                    self._service(seconds, ready)
+                finally:
+                    self._conn.lock.release()
+        finally:
+            with self._arrived:
+                self._servicing = False
+                self._arrived.notify_all()
+
+    def _service(self, seconds: float, ready: Callable[[], bool]) -> None:
+        """With the lock: wait for deliveries (replies) for at most `seconds`."""
+        with self._arrived:
+            if ready():  # filed while this caller waited for the lock
+                return
         try:
             self._conn.channel()
             connection = self._conn.connection
@@ -211,8 +238,6 @@ class RpcClient:
         except Unavailable as err:  # broker still away: callers time out on their own deadline
             if not self._conn.closed:
                 log.warning("bus.rpc_unavailable", error=str(err))
-        finally:
-            self._conn.lock.release()
 
     def _on_reply(self, channel: Any, method: Any, props: Any, body: bytes) -> None:
         request = self._outstanding.get(props.correlation_id)

@@ -384,8 +384,14 @@ class SiteAgent:
             return self._records.get(job_id)
 
     def _save(self, record: JobRecord) -> JobRecord:
+        """Write `record`, then keep it, stamped as it becomes what the heartbeats list: the
+        runner holds a site's later heartbeats to the stamp a start replies with
+        (`fedhive_services.job_runner.liveness`), and a write can take longer than its slack
+        (a host of 100 light sites starting a job at once)."""
         self._ws.save_job(record)
         with self._lock:
+            if self._records.get(record.job_id) is not record:  # a change, not a re-save
+                record = record.but()
             self._records[record.job_id] = record
         return record
 

@@ -98,7 +98,9 @@ def run(count: int, job_sites: int, measure_s: float, site_ttl_s: float) -> dict
         lags = heartbeat_lags(state, measure_s)
         in_job = set(sites[:job_sites])
         all_lags = [lag for _, lag in lags]
-        assert state.get_job(job_id).status == JobStatus.RUNNING, "the job ended early"
+        record = state.get_job(job_id)
+        assert record.status == JobStatus.RUNNING, \
+            f"the job ended early: {record.status.value} ({record.status_reason})"
 
         os.killpg(victim_host.pid, signal.SIGKILL)
         killed = time.time()

@@ -172,61 +172,58 @@ def test_stopping_an_idle_consumer_wakes_its_connection_thread(
     assert not stopper.is_alive(), "stop() waited for the idle consumer to wake by itself"
 
 
-def _release_on_demand(make_bus: Callable[..., RabbitBus], namespace: str,
-                       ) -> tuple[RabbitBus, str, dict[str, threading.Event]]:
+class _HeldCalls:
     """A client bus and a queue whose server answers a request (its job id its token) once the
-    test sets the event of that job id; with `rpc.SLICE` patched to 600 s, a waiting caller
-    services the connection until something wakes it."""
-    server, client = make_bus(name="server"), make_bus(name="client")
-    queue = Names(namespace).site_queue("held")
-    releases = {name: threading.Event() for name in ("first", "second")}
+    test sets that job id's event; `rpc.SLICE` patched to 600 s, so a waiting caller services
+    the connection until something wakes it; the call "first" already waiting."""
 
-    def handler(message: Message, delivery: Delivery) -> Message:
-        releases[job_id(message)].wait(60)
-        return site_pb2.CheckResourcesReply(ok=True, token=job_id(message))
+    def __init__(self, make_bus: Callable[..., RabbitBus], namespace: str,
+                 monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(rpc_module, "SLICE", 600.0)
+        server, self._client = make_bus(name="server"), make_bus(name="client")
+        self._queue = Names(namespace).site_queue("held")
+        releases = self.releases = {name: threading.Event() for name in ("first", "second")}
+        self.tokens: list[str] = []
 
-    server.serve(queue, handler, [site_pb2.CheckResourcesRequest], prefetch=2, concurrency=2)
-    return client, queue, releases
+        def handler(message: Message, delivery: Delivery) -> Message:
+            releases[job_id(message)].wait(60)
+            return site_pb2.CheckResourcesReply(ok=True, token=job_id(message))
 
+        server.serve(self._queue, handler, [site_pb2.CheckResourcesRequest], prefetch=2,
+                     concurrency=2)
+        self.first = self.call("first")
+        threading.Event().wait(1)  # the first caller now services the connection, waiting
 
-def _caller(client: RabbitBus, queue: str, name: str, tokens: list[str]) -> threading.Thread:
-    thread = threading.Thread(target=lambda: tokens.append(client.call(
-        queue, site_pb2.CheckResourcesRequest(job_id=name), site_pb2.CheckResourcesReply,
-        timeout=120).token))
-    thread.start()
-    return thread
+    def call(self, name: str) -> threading.Thread:
+        thread = threading.Thread(target=lambda: self.tokens.append(self._client.call(
+            self._queue, site_pb2.CheckResourcesRequest(job_id=name),
+            site_pb2.CheckResourcesReply, timeout=120).token))
+        thread.start()
+        return thread
 
 
 def test_a_call_is_sent_while_another_caller_waits_on_the_connection(
     make_bus: Callable[..., RabbitBus], namespace: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(rpc_module, "SLICE", 600.0)
-    client, queue, releases = _release_on_demand(make_bus, namespace)
-    tokens: list[str] = []
-    waiting = _caller(client, queue, "first", tokens)
-    threading.Event().wait(1)  # the first caller now services the connection, waiting
-    releases["second"].set()
-    second = _caller(client, queue, "second", tokens)
+    held = _HeldCalls(make_bus, namespace, monkeypatch)
+    held.releases["second"].set()
+    second = held.call("second")
     second.join(timeout=20)  # far below the first caller's slice
-    assert tokens == ["second"], "the second call waited for the first caller's slice to end"
-    releases["first"].set()
-    waiting.join(timeout=20)
-    assert tokens == ["second", "first"]
+    assert held.tokens == ["second"], "the second call waited for the first caller's slice"
+    held.releases["first"].set()
+    held.first.join(timeout=20)
+    assert held.tokens == ["second", "first"]
 
 
 def test_a_waiting_call_takes_over_the_connection_from_one_answered(
     make_bus: Callable[..., RabbitBus], namespace: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(rpc_module, "SLICE", 600.0)
-    client, queue, releases = _release_on_demand(make_bus, namespace)
-    tokens: list[str] = []
-    first = _caller(client, queue, "first", tokens)
-    threading.Event().wait(1)  # the first caller services the connection; the second sleeps
-    second = _caller(client, queue, "second", tokens)
-    threading.Event().wait(1)
-    releases["first"].set()
-    first.join(timeout=20)
-    assert tokens == ["first"]
-    releases["second"].set()  # nobody would read this reply unless the second caller took over
+    held = _HeldCalls(make_bus, namespace, monkeypatch)
+    second = held.call("second")
+    threading.Event().wait(1)  # the second caller sleeps while the first services
+    held.releases["first"].set()
+    held.first.join(timeout=20)
+    assert held.tokens == ["first"]
+    held.releases["second"].set()  # nobody reads this reply unless the second caller took over
     second.join(timeout=20)
-    assert tokens == ["first", "second"], "no caller serviced the connection after the first"
+    assert held.tokens == ["first", "second"], "no caller serviced the connection after the first"

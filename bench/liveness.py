@@ -117,6 +117,9 @@ def run(count: int, job_sites: int, measure_s: float, site_ttl_s: float) -> dict
             time.sleep(0.05)
         assert len(found) == VICTIMS, f"victims still online: {set(victims) - set(found)}"
         survivors = set(sites) - set(victims) - set(state.online_sites())
+        record = state.get_job(job_id)
+        assert record.status == JobStatus.RUNNING, \
+            f"the job ended after the kill: {record.status.value} ({record.status_reason})"
 
         bus.call(names.service_queue("job-store"),
                  admin_pb2.AbortJobRequest(job_id=job_id, reason="bench over"),

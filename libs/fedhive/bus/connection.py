@@ -124,11 +124,16 @@ def connect(
                 time.sleep(wait)
 
 
-def wake(connection: pika.BlockingConnection) -> None:
-    """Make the thread waiting in the connection's `process_data_events` return (call from any
-    thread; nothing if the connection is closed)."""
+def call_threadsafe(connection: pika.BlockingConnection, callback: Callable[[], None]) -> None:
+    """Run `callback` on the thread that services the connection (call from any thread); if
+    the connection is closed, nothing (a consumer's unacked message is then redelivered)."""
     with contextlib.suppress(pika.exceptions.ConnectionWrongStateError):
-        connection.add_callback_threadsafe(_nothing)
+        connection.add_callback_threadsafe(callback)
+
+
+def wake(connection: pika.BlockingConnection) -> None:
+    """Make the thread waiting in the connection's `process_data_events` return."""
+    call_threadsafe(connection, _nothing)
 
 
 def _nothing() -> None:

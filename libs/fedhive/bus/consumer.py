@@ -23,11 +23,9 @@ nothing but the operator can fix it. After that first start it is retried like a
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -39,7 +37,7 @@ import structlog
 from google.protobuf.message import Message
 
 from fedhive.bus.codec import Encoded, TypeRegistry, encode
-from fedhive.bus.connection import RECONNECT, connect, user_name, wake
+from fedhive.bus.connection import RECONNECT, call_threadsafe, connect, user_name, wake
 from fedhive.bus.delivery import (
     DIRECT_REPLY_TO,
     Admission,
@@ -96,13 +94,6 @@ class _Session:
     connection: Any
     channel: Any
     unsettled: set[int] = field(default_factory=set)
-
-
-def _on_connection(session: _Session, callback: Callable[[], None]) -> None:
-    """Run `callback` on the session's connection thread; if the connection is gone, nothing:
-    the broker redelivers the unacked message."""
-    with contextlib.suppress(pika.exceptions.ConnectionWrongStateError):
-        session.connection.add_callback_threadsafe(callback)
 
 
 class Consumer:
@@ -265,7 +256,7 @@ class Consumer:
         """Runs in the handler thread: pass the outcome to the connection thread."""
         failed = future.cancelled() or future.exception() is not None
         outcome = Outcome(retry=True) if failed else future.result()
-        _on_connection(session, partial(self._settle, session, tag, delivery, outcome))
+        call_threadsafe(session.connection, partial(self._settle, session, tag, delivery, outcome))
 
     def _settle(self, session: _Session, tag: int, delivery: Delivery, outcome: Outcome) -> None:
         channel = session.channel
@@ -293,7 +284,8 @@ class Consumer:
     def _hand_back_reply(self, session: _Session, tag: int, delivery: Delivery,
                          reply: Message | Encoded) -> None:
         """Runs where a `Pending` completes: reply and ack on the connection thread."""
-        _on_connection(session, partial(self._settle_later, session, tag, delivery, reply))
+        call_threadsafe(session.connection,
+                        partial(self._settle_later, session, tag, delivery, reply))
 
     def _settle_later(self, session: _Session, tag: int, delivery: Delivery,
                       reply: Message | Encoded) -> None:

@@ -25,8 +25,9 @@ from typing import Any
 from fedhive.sites.heartbeat import JobHeartbeat, SiteHeartbeat
 from fedhive.state.runs import SiteState
 
-# A site heartbeat lists the running jobs a moment before it is stamped: one stamped this soon
-# after a start may have been listed before it.
+# A heartbeat is stamped before it lists the running jobs, and a start's stamp is taken as its
+# record becomes what heartbeats list (`SiteAgent._save`): every heartbeat stamped after a start
+# lists the job. The slack is a margin on top (clock steps, an agent older than that rule).
 LISTING_SLACK_MS = 1000
 NOT_RUNNING = "client job is no longer running at the site"
 OFFLINE = "site went offline"

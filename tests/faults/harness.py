@@ -40,7 +40,8 @@ from tests.fixtures.e2e import SCHEDULER_OPTIONS, System, running_system
 from tests.fixtures.fault_sites import CLIENT_JOB, RESOURCES
 from tests.fixtures.infra import wait_for
 from tests.fixtures.job_runner import RunnerProcess, flow_job
-from tests.fixtures.site_agent import SiteAgentProcess, SiteUsers
+from tests.fixtures.rabbitmqctl import CTL
+from tests.fixtures.site_agent import SiteAgentProcess
 
 SERVICES = ("job-store", "scheduler", "job-runner", "site-agent")
 # Sites answer allocate/deploy/start within 5 s (a slow_start takes 3); a client job that stops
@@ -299,7 +300,7 @@ class Faults:
 
 @contextmanager
 def fault_system(settings: Settings, tmp: Path, sites: Sequence[str], *,
-                 ctl: Sequence[str] = SiteUsers.CTL, clean_broker: bool = True,
+                 ctl: Sequence[str] = CTL, clean_broker: bool = True,
                  ) -> Iterator[Faults]:
     tmp.mkdir(parents=True, exist_ok=True)
     with running_system(settings, tmp, sites, launched=len(sites), schedulers=1,

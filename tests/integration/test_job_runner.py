@@ -182,8 +182,10 @@ def test_a_lost_dispatch_command_is_issued_again_and_the_job_runs(
     record = stack.wait_status(job_id, S.FINISHED_COMPLETED)
     assert record.sites == ["site-1", "site-2"] and record.failed_sites == []
     assert stack.runner.logged("job_runner.redispatch") == 1
-    # the per-site sub-state outlives the run table
-    assert RunTable(stack.state._client, stack.names).get(job_id) is None
+    # the per-site sub-state outlives the run table (the runner forgets the job right after
+    # writing its final status)
+    wait_for(lambda: RunTable(stack.state._client, stack.names).get(job_id) is None,
+             timeout=10, what="the runner to forget the job")
     assert set(record.site_states) == {"site-1", "site-2"}
     for state in record.site_states.values():
         assert state["allocated"] and state["deployed"] and state["started"]

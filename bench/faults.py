@@ -55,7 +55,7 @@ from tests.faults import scenarios as sc  # noqa: E402
 from tests.faults.harness import SERVICES, Faults, Outcome, Trial, fault_system  # noqa: E402
 from tests.faults.probes import rogue_probes, site_probes  # noqa: E402
 from tests.fixtures.private_infra import PrivateBroker, PrivateRedis  # noqa: E402
-from tests.fixtures.site_agent import SiteUsers  # noqa: E402
+from tests.fixtures.rabbitmqctl import CTL  # noqa: E402
 
 S = JobStatus
 JOB_KINDS = {"lost": "jobs_lost", "run_twice": "jobs_run_twice", "stuck": "jobs_stuck",
@@ -216,12 +216,12 @@ def rogue_user(amqp_url: str, namespace: str) -> Iterator[str]:
     everything = rf"^({re.escape(namespace)}|amq\.)"
     user = brokerusers.BrokerUser(name, brokerusers.new_password(), brokerusers.Permissions(
         everything, everything, everything))
-    brokerusers.create_users([user], brokerusers.vhost_of(amqp_url), SiteUsers.CTL,
+    brokerusers.create_users([user], brokerusers.vhost_of(amqp_url), CTL,
                              namespace=None)
     try:
         yield brokerusers.with_user(amqp_url, name, user.password)
     finally:
-        brokerusers.delete_users([name], SiteUsers.CTL)
+        brokerusers.delete_users([name], CTL)
 
 
 def run(trials: int, seed: int, soak: bool) -> dict[str, Any]:

@@ -70,6 +70,7 @@ from tests.fixtures.infra import stop_process, wait_for  # noqa: E402
 from tests.fixtures.job_runner import RunnerProcess  # noqa: E402
 from tests.fixtures.job_store import JobStoreProcess, stage  # noqa: E402
 from tests.fixtures.private_infra import PrivateBroker  # noqa: E402
+from tests.fixtures.rabbitmqctl import CTL  # noqa: E402
 from tests.fixtures.site_agent import SiteUsers, start_host, storage_url, write_site  # noqa: E402
 
 MiB = 1024 * 1024
@@ -218,7 +219,7 @@ def start_services(settings: Settings, root: Path, stack: ExitStack,
 
 
 def write_sites(settings: Settings, root: Path, sites: list[str], services_user: str,
-                stack: ExitStack, ctl: tuple[str, ...] = SiteUsers.CTL) -> list[Path]:
+                stack: ExitStack, ctl: tuple[str, ...] = CTL) -> list[Path]:
     """The sites' folders, each with a broker user of its own (made in one `ctl` call)."""
     users = SiteUsers(settings, ctl)
     stack.callback(users.close)

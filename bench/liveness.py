@@ -3,11 +3,12 @@ lag, and how soon 10 killed sites are found dead.
 
 The services as in bench/scale.py (its private RabbitMQ node: 1,000 sites hold ~3,000
 connections), the sites in light-site hosts of at most 100 sites each (`scale.start_hosts`),
-every site its own broker user and heartbeats every HEARTBEAT_S; a last host holds the VICTIMS
-sites that are killed. The runner declares a site offline `--site-ttl` after its last
-heartbeat, looked for every SWEEP_S. Default here 9 s (1.8 intervals; the runner's own default
-is 15 s, 3 intervals): detection within 2 intervals of a kill needs a TTL under 2 intervals, so
-a beat may be up to 4 s late, but a lost one makes its site offline until the next.
+the job's sites spread evenly over them (`spread`), every site its own broker user and
+heartbeats every HEARTBEAT_S; a last host holds the VICTIMS sites that are killed. The runner
+declares a site offline `--site-ttl` after its last heartbeat, looked for every SWEEP_S.
+Default here 9 s (1.8 intervals; the runner's own default is 15 s, 3 intervals): detection
+within 2 intervals of a kill needs a TTL under 2 intervals, so a beat may be up to 4 s late, but
+a lost one makes its site offline until the next.
 
 1. All sites online; a FedAvg job (1 MiB model, bench/rounds.py's) starts on s1..s100.
 2. For `--measure` seconds while it runs, the sites' last heartbeats are read from Redis every
@@ -45,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.fixtures (the service launchers, SeaweedFS)
 
 from rounds import HEARTBEAT_S, job_archive  # noqa: E402  (beside this script)
-from scale import rss, start_hosts, start_services, write_sites  # noqa: E402
+from scale import HOST_SITES, rss, start_hosts, start_services, write_sites  # noqa: E402
 from scheduling import start_scheduler, submit, wait_final  # noqa: E402
 from support import bench_settings, load_average, write_results  # noqa: E402
 
@@ -82,7 +83,7 @@ def run(count: int, job_sites: int, measure_s: float, site_ttl_s: float) -> dict
         bus, state, names = services.bus, services.state, Names(namespace)
         site_dirs = write_sites(settings, root, sites, bus.user, stack, broker.ctl)
         started = time.monotonic()
-        hosts = start_hosts(site_dirs[:-VICTIMS], root, stack)
+        hosts = start_hosts(spread(site_dirs[:-VICTIMS], job_sites), root, stack)
         victim_host = start_host(site_dirs[-VICTIMS:], root / "host-victims.log")
         stack.callback(stop_process, victim_host)
         wait_for(lambda: len(state.online_sites()) == count, timeout=120 + count / 5,
@@ -146,6 +147,24 @@ def run(count: int, job_sites: int, measure_s: float, site_ttl_s: float) -> dict
             "job_final_status": str(record.status),
             "hosts_rss_mib": round(rss(hosts) / MiB, 1),
         }
+
+
+def spread(site_dirs: list[Path], job_sites: int) -> list[Path]:
+    """`site_dirs` reordered so that `start_hosts`' hosts (consecutive chunks) each hold an equal
+    share of the first `job_sites` (the job's), as the job's sites would be spread over
+    machines. In order, one host would hold all of them: 100 client-job threads computing in
+    one process hold its heartbeat threads off the GIL for seconds, a light-host artefact (a
+    real site's client job is a process of its own) that made sites miss their TTL."""
+    hosts = -(-len(site_dirs) // HOST_SITES)
+    share = -(-job_sites // hosts)
+    job, rest = site_dirs[:job_sites], site_dirs[job_sites:]
+    chunks = [job[h * share:(h + 1) * share] for h in range(hosts)]
+    out: list[Path] = []
+    for chunk in chunks:
+        take = HOST_SITES - len(chunk)
+        out += chunk + rest[:take]
+        rest = rest[take:]
+    return out + rest
 
 
 def heartbeat_lags(state: Any, seconds: float) -> list[tuple[str, float]]:

@@ -181,7 +181,8 @@ def test_the_console_script_maps_what_slips_through(monkeypatch: pytest.MonkeyPa
 def _leaf_commands(group: Any, path: str = "") -> dict[str, Any]:
     """Every command under a (typer's click) group, by its full name (`poc start`)."""
     found: dict[str, Any] = {}
-    for name, command in group.commands.items():
+    for name in group.list_commands(None):
+        command = group.get_command(None, name)  # loads a command not loaded yet
         if hasattr(command, "commands"):  # a group
             found.update(_leaf_commands(command, f"{path}{name} "))
         else:

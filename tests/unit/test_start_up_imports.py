@@ -21,7 +21,13 @@ def loaded_by(statement: str) -> set[str]:
     code = f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, timeout=60)
-    return set(json.loads(done.stdout))
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def loaded_by_command(*args: str) -> set[str]:
+    """What `fedhive ARGS` loads (the command's own output goes before the list)."""
+    return loaded_by(f"from fedhive.cli.main import main\nsys.argv = ['fedhive', *{args!r}]\n"
+                     "try:\n    main()\nexcept SystemExit:\n    pass")
 
 
 @pytest.mark.parametrize("statement", [
@@ -41,3 +47,18 @@ def test_a_client_job_loads_no_admin_s3_redis_or_gpu_client() -> None:
 def test_the_heavy_parts_load_when_a_command_needs_them() -> None:
     loaded = loaded_by("import fedhive.cli.main\nfrom fedhive.simulate import simulate")
     assert {"numpy", "fedhive.fl", "fedhive.simulate"} <= loaded
+
+
+@pytest.mark.parametrize("args", [(), ("--help",), ("version",)])
+def test_the_command_list_loads_no_command(args: tuple[str, ...]) -> None:
+    loaded = loaded_by_command(*args)
+    commands = {"fedhive.cli.jobs", "fedhive.cli.poc", "fedhive.cli.demo", "fedhive.cli.watch",
+                "fedhive.cli.simulate", "fedhive.cli.validate", "fedhive.cli.metrics"}
+    assert loaded & (commands | {"grpc", "pika", "psutil", "fedhive.sdk"}) == set()
+
+
+def test_a_gateway_command_loads_neither_the_job_formats_nor_the_other_commands() -> None:
+    loaded = loaded_by_command("jobs", "--help")
+    assert "fedhive.cli.jobs" in loaded
+    others = {"fedhive.cli.poc", "fedhive.cli.demo", "fedhive.cli.simulate"}
+    assert loaded & (others | {"fedhive.jobs.definition", "yaml", "pika"}) == set()

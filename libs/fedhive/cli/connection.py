@@ -20,10 +20,15 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedhive.errors import ConfigError
-from fedhive.sdk import Session
+
+if TYPE_CHECKING:
+    from fedhive.sdk import Session  # imported by `open`: not every command talks to a gateway
+
+CONFIG_FILE = Path("~/.fedhive/config")
+CONFIG_FILE_KEY = "fedhive.config_file"  # ctx.meta: --config / FEDHIVE_CONFIG, None: CONFIG_FILE
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class GatewayTarget:
         if bool(self.client_cert) != bool(self.client_key):
             raise ConfigError("client_cert and client_key go together (mutual TLS)",
                               field="client_cert")
+        from fedhive.sdk import Session
+
         return Session(
             self.gateway, self.token, tls=bool(self.tls), root_certificates=_pem(self.ca_cert),
             client_cert=_pem(self.client_cert), client_key=_pem(self.client_key),

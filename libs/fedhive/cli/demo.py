@@ -39,8 +39,8 @@ from rich.table import Table
 
 from fedhive import extras
 from fedhive.cli.exits import Exit, exit_code, fail, fail_with, message
-from fedhive.cli.jobs import JsonOpt, _print_json
 from fedhive.cli.metrics import plot_series, write_plot
+from fedhive.cli.options import JsonOpt, print_json
 from fedhive.cli.poc import (
     CtlOpt,
     DirOpt,
@@ -170,7 +170,7 @@ def demo(
     if record is not None:
         _record(record, demo_seconds, poc_seconds, jobs)
     if as_json:
-        _print_json(demo_json(jobs, results, curves, demo_seconds, poc_seconds))
+        print_json(demo_json(jobs, results, curves, demo_seconds, poc_seconds))
     failed = [job for job in jobs if not job.completed]
     if failed:
         raise _fail("; ".join(f"{job.name} ended {job.status.value}: {job.reason}"

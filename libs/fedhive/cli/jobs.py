@@ -15,32 +15,24 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import grpc
 import typer
 from rich.console import Console
 
-from fedhive.cli.connection import GatewayTarget, load_config_file
+from fedhive.cli.connection import CONFIG_FILE, CONFIG_FILE_KEY, GatewayTarget, load_config_file
 from fedhive.cli.exits import fail
+from fedhive.cli.options import JobId, JsonOpt, print_json
 from fedhive.cli.render import job_json, jobs_table, print_job, site_json, sites_table
 from fedhive.errors import FedhiveError
 from fedhive.jobs.limits import MAX_LIST_LIMIT
 from fedhive.jobs.status import JobStatus
 from fedhive.sdk import Session
 
-CONFIG_FILE = Path("~/.fedhive/config")
-CONFIG_FILE_KEY = "fedhive.config_file"  # ctx.meta: --config / FEDHIVE_CONFIG, None: CONFIG_FILE
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (a stable schema).")]
-JobId = Annotated[str, typer.Argument(help="The job's id, or a unique prefix of it (any case).")]
-
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _print_json(value: Any) -> None:
-    typer.echo(json.dumps(value, indent=2))
 
 
 @contextmanager
@@ -100,7 +92,7 @@ def submit(
     with _session(ctx) as session:
         result = session.submit(path, submission_id=submission_id, queue_anyway=queue_anyway)
     if as_json:
-        _print_json({"id": result.job_id, "existed": result.existed,
+        print_json({"id": result.job_id, "existed": result.existed,
                      "submission_id": result.submission_id})
     elif result.existed and submission_id:  # without one, only our own retry found it
         typer.echo(f"Already submitted as job: {result.job_id}")
@@ -129,7 +121,7 @@ def jobs(
                              limit=limit)
     now = _now_ms()
     if as_json:
-        _print_json([job_json(job, now) for job in found])
+        print_json([job_json(job, now) for job in found])
     elif not found:
         typer.echo("No jobs found." if not (statuses or name or user or id_prefix)
                    else "No jobs matching the specified criteria.")
@@ -143,7 +135,7 @@ def job(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
     with _session(ctx) as session:
         record = session.get(job_id)
     if as_json:
-        _print_json(job_json(record, _now_ms()))
+        print_json(job_json(record, _now_ms()))
     else:
         print_job(Console(), record, _now_ms())
 
@@ -154,7 +146,7 @@ def clone(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
         job_id = full_id(session, job_id)
         result = session.clone(job_id)
     if as_json:
-        _print_json({"id": result.job_id, "cloned_from": job_id})
+        print_json({"id": result.job_id, "cloned_from": job_id})
     else:
         typer.echo(f"Cloned job {job_id} as: {result.job_id}")
 
@@ -165,7 +157,7 @@ def resume(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
         job_id = full_id(session, job_id)
         result = session.resume(job_id)
     if as_json:
-        _print_json({"id": result.job_id, "resumed_from": job_id})
+        print_json({"id": result.job_id, "resumed_from": job_id})
     else:
         typer.echo(f"Resumed job {job_id} as: {result.job_id}")
 
@@ -176,7 +168,7 @@ def delete(ctx: typer.Context, job_id: JobId, as_json: JsonOpt = False) -> None:
         job_id = full_id(session, job_id)
         session.delete(job_id)
     if as_json:
-        _print_json({"id": job_id, "deleted": True})
+        print_json({"id": job_id, "deleted": True})
     else:
         typer.echo(f"Job {job_id} deleted.")
 
@@ -191,7 +183,7 @@ def abort(
     with _session(ctx) as session:
         record = session.abort(job_id, reason)
     if as_json:
-        _print_json(job_json(record, _now_ms()))
+        print_json(job_json(record, _now_ms()))
     else:
         typer.echo(f"Job {record.job_id}: {record.status.value} ({record.status_reason})")
 
@@ -215,7 +207,7 @@ def download(
         meta.write_text(json.dumps(job_json(record, _now_ms()), indent=2) + "\n")
         files.append(meta)
     if as_json:
-        _print_json({"id": job_id, "files": [str(f) for f in files]})
+        print_json({"id": job_id, "files": [str(f) for f in files]})
     else:
         for path in files:
             typer.echo(str(path))
@@ -238,7 +230,7 @@ def sites(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     with _session(ctx) as session:
         found = session.sites()
     if as_json:
-        _print_json([site_json(site) for site in found])
+        print_json([site_json(site) for site in found])
     elif not found:
         typer.echo("No sites registered.")
     else:

@@ -23,7 +23,8 @@ from typing import Annotated
 import typer
 
 from fedhive.cli.exits import Exit
-from fedhive.cli.jobs import JobId, JsonOpt, _session
+from fedhive.cli.jobs import _session
+from fedhive.cli.options import JobId, JsonOpt
 from fedhive.joblogs.wire import LogEntry
 
 

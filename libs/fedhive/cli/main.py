@@ -9,7 +9,8 @@ a job offline, `config` the service environment, `admin-token` makes a token.
 examples on it (cli/demo.py). `watch` follows a job with its rounds (cli/watch.py).
 
 Every command takes `--json` and exits with the codes of cli/exits.py (0 ok, 1 failed job or
-other error, 2 usage, 3 not found, 4 denied, 5 unreachable).
+other error, 2 usage, 3 not found, 4 denied, 5 unreachable). A command's module is imported
+only when it runs (`Commands`, cli/lazy.py): `fedhive --help` loads none of them.
 """
 
 from __future__ import annotations
@@ -18,29 +19,61 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
-import grpc
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from fedhive import __version__
-from fedhive.cli import jobs, poc
-from fedhive.cli.admins import admin_token
-from fedhive.cli.connection import GatewayTarget
-from fedhive.cli.demo import demo
-from fedhive.cli.exits import exit_code, fail, message
-from fedhive.cli.jobs import CONFIG_FILE_KEY, JsonOpt
-from fedhive.cli.logs import logs
-from fedhive.cli.metrics import metrics
-from fedhive.cli.simulate import simulate
-from fedhive.cli.validate import validate
-from fedhive.cli.watch import watch
+from fedhive.cli.connection import CONFIG_FILE_KEY, GatewayTarget
+from fedhive.cli.lazy import LazyGroup
+from fedhive.cli.options import JsonOpt
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError
 
-app = typer.Typer(help="fedhive: run federated-learning jobs across sites.", no_args_is_help=True)
+
+class Commands(LazyGroup):
+    # Each command's module is imported when it runs; the line is what `fedhive --help` shows.
+    lazy: ClassVar[dict[str, tuple[str, str]]] = {
+        "validate": ("fedhive.cli.validate:validate", "Validate a job (meta.json, deploy map, "
+                     "app configs, archive safety) without a server."),
+        "admin-token": ("fedhive.cli.admins:admin_token", "Create a token: print it (give it "
+                        "to the admin) and the entry for the admins file."),
+        "submit": ("fedhive.cli.jobs:submit",
+                   "Validate a job locally, upload it and print its id."),
+        "jobs": ("fedhive.cli.jobs:jobs", "List jobs, newest first."),
+        "job": ("fedhive.cli.jobs:job", "Show one job: meta, status, times and status history."),
+        "clone": ("fedhive.cli.jobs:clone",
+                  "Submit a copy of a job (new id, you as its submitter)."),
+        "resume": ("fedhive.cli.jobs:resume", "Continue an aborted or failed job from its last "
+                   "completed round (a new job)."),
+        "delete": ("fedhive.cli.jobs:delete",
+                   "Delete a finished job (its record and stored files)."),
+        "download": ("fedhive.cli.jobs:download", "Download a job into OUTPUT/<id>/: job.zip, "
+                     "meta.json and, if it has one, result.zip."),
+        "abort": ("fedhive.cli.jobs:abort", "Abort a job."),
+        "watch": ("fedhive.cli.watch:watch", "Follow a job until it is final: status, round k/N "
+                  "and the latest metrics (a progress bar on a terminal; one JSON object per "
+                  "change with --json). Exit 0 if it completed, 1 if not."),
+        "metrics": ("fedhive.cli.metrics:metrics", "Show the per-round metrics a job recorded "
+                    "(a table, JSON, or a plot with --plot)."),
+        "sites": ("fedhive.cli.jobs:sites",
+                  "List the sites that ever registered, with their liveness."),
+        "logs": ("fedhive.cli.logs:logs", "Show a job's log lines: the server job's and each "
+                 "site's client job and trainer."),
+        "poc": ("fedhive.cli.poc:app",
+                "Run the whole system on this machine (proof of concept)."),
+        "demo": ("fedhive.cli.demo:demo", "Start the system, run hello-numpy and hello-pt with "
+                 "live progress, summarise, stop it."),
+        "simulate": ("fedhive.cli.simulate:simulate", "Run a job on simulated sites in this "
+                     "process (no broker, Redis or S3): the job's own workflows, executors and "
+                     "trainers, the quickest way to develop a job."),
+    }
+
+
+app = typer.Typer(cls=Commands, help="fedhive: run federated-learning jobs across sites.",
+                  no_args_is_help=True)
 _SECRET = (
     "amqp_url",
     "redis_url",
@@ -48,17 +81,6 @@ _SECRET = (
     "aws_secret_access_key",
     "aws_session_token",
 )
-
-
-app.command("validate")(validate)
-app.command("admin-token")(admin_token)
-for _command in (jobs.submit, jobs.jobs, jobs.job, jobs.clone, jobs.resume, jobs.delete,
-                 jobs.download, jobs.abort, watch, metrics, jobs.sites):
-    app.command()(_command)
-app.command()(logs)
-app.add_typer(poc.app, name="poc")
-app.command()(demo)
-app.command()(simulate)
 
 
 @app.callback()
@@ -107,6 +129,8 @@ def config(as_json: JsonOpt = False) -> None:
     try:
         settings = Settings.from_env()
     except FedhiveError as err:  # a ConfigError: exit 2
+        from fedhive.cli.exits import fail
+
         raise fail(err) from None
     values = {k: _mask(k, v) for k, v in dataclasses.asdict(settings).items()}
     if as_json:
@@ -136,6 +160,11 @@ def main() -> None:
     for one that slips through: still one line and the mapped exit code, no traceback."""
     try:
         app()
-    except (FedhiveError, OSError, grpc.RpcError) as err:
+    except Exception as err:
+        grpc = sys.modules.get("grpc")  # loaded by the commands that talk to a gateway
+        if not isinstance(err, (FedhiveError, OSError, *([grpc.RpcError] if grpc else []))):
+            raise
+        from fedhive.cli.exits import exit_code, message
+
         typer.echo(f"error: {message(err)}", err=True)
         sys.exit(exit_code(err))

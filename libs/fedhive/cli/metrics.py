@@ -32,7 +32,8 @@ from rich.table import Table
 
 from fedhive import extras
 from fedhive.cli.exits import Exit, exit_code, fail, fail_with
-from fedhive.cli.jobs import JobId, JsonOpt, _print_json, _session, full_id
+from fedhive.cli.jobs import _session, full_id
+from fedhive.cli.options import JobId, JsonOpt, print_json
 from fedhive.cli.render import iso
 from fedhive.errors import ConfigError
 from fedhive.jobs.metrics import RoundMetrics
@@ -59,7 +60,7 @@ def metrics(
         job_id = full_id(session, job_id)
         rounds = session.metrics(job_id)
     if as_json:
-        _print_json(metrics_json(job_id, rounds))
+        print_json(metrics_json(job_id, rounds))
     elif not rounds:
         typer.echo(f"Job {job_id} has recorded no round yet.")
     else:

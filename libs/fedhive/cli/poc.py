@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedhive.cli.exits import Exit, exit_code, fail, fail_with
-from fedhive.cli.jobs import JsonOpt, _print_json
+from fedhive.cli.options import JsonOpt, print_json
 from fedhive.config import Settings
 from fedhive.errors import FedhiveError
 from fedhive.poc.layout import PocLayout
@@ -89,7 +89,7 @@ def start(
     interrupt_on_sigterm()
     started = run_start(options, _settings(), progress_to_stderr=as_json)
     if as_json:
-        _print_json(started_json(started))
+        print_json(started_json(started))
     else:
         print_usage(started)
 
@@ -154,7 +154,7 @@ def status(
     except FedhiveError as err:
         raise fail(err) from None
     if as_json:
-        _print_json(shown)
+        print_json(shown)
     else:
         _print_status(shown)
     if not shown["healthy"]:
@@ -190,7 +190,7 @@ def stop(
     except FedhiveError as err:
         raise fail(err) from None
     if as_json:
-        _print_json({"dir": str(layout.root), "running": report is not None,
+        print_json({"dir": str(layout.root), "running": report is not None,
                      **dataclasses.asdict(report or StopReport())})
     elif report is None:
         typer.echo(f"No POC is running in {layout.root}.")

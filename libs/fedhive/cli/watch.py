@@ -39,7 +39,8 @@ from rich.progress import (
 )
 
 from fedhive.cli.exits import Exit, fail_with
-from fedhive.cli.jobs import JobId, JsonOpt, _now_ms, _session
+from fedhive.cli.jobs import _now_ms, _session
+from fedhive.cli.options import JobId, JsonOpt
 from fedhive.cli.render import iso, job_json, metrics_text
 from fedhive.jobs.metrics import RoundMetrics
 from fedhive.jobs.record import JobRecord

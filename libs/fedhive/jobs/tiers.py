@@ -11,11 +11,13 @@ into the lower-tier job's server app; other sites ignore it.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fedhive.jobs.definition import JobDefinition
 from fedhive.jobs.operators import COMPONENT_FIELDS
 from fedhive.jobs.record import JobMeta
+
+if TYPE_CHECKING:  # `fedhive job` shows a job's tier without loading the job formats
+    from fedhive.jobs.definition import JobDefinition
 
 OPERATORS_FILE = "config/operators.json"
 HIERARCHY = "hierarchy"

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 import grpc
 
 from fedhive.errors import RpcTimeout, Unavailable, Unroutable
-from fedhive.jobs.definition import load_job
 from fedhive.jobs.limits import check_chosen_job_id, check_list_limit, check_submission_id
 from fedhive.jobs.metrics import RoundMetrics, round_from_proto
 from fedhive.jobs.record import JobRecord
@@ -148,6 +147,8 @@ class Session:
         `job_id`: the new job's id, chosen by the caller (a uuid; a hub site gives its upper
         tier's): submitting again with it answers that job (`existed=True`).
         """
+        from fedhive.jobs.definition import load_job  # the job formats: only submitting needs them
+
         submission_id = check_submission_id(submission_id) or str(uuid.uuid4())
         check_chosen_job_id(job_id)
         if isinstance(job, Path) and not job.is_file():  # a folder; or load_job says what is

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup proto lint test bench soak infra gpu-check demo wheel wheel-demo
+.PHONY: setup bytecode proto lint test bench soak infra gpu-check demo wheel wheel-demo
 
 setup: $(STAMP)
 
@@ -12,6 +12,14 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# The checkout's modules compiled ahead (Python reads __pycache__ even where it may not write it):
+# with PYTHONDONTWRITEBYTECODE set (this project's machines set it), every service, client job
+# and `fedhive` process compiled ~150 of fedhive's modules as it started, ~0.4 s of CPU each (a
+# client job 0.94 -> 0.53 s, the job-store 1.36 -> 0.78 s); the suite starts ~700 of them.
+# Up-to-date files are skipped; a file edited later is compiled in memory, as without this.
+bytecode: setup
+	$(PY) -m compileall -q -j 0 libs services tests
 
 # Regenerate libs/fedhive/proto from proto/ (the result is committed; a test fails if it is stale).
 proto: setup
@@ -29,7 +37,7 @@ lint: setup
 # 2026-11-28) and starve timing-bound fault tests (TEST_WORKERS=0: one process, no xdist). The
 # 25 slowest tests are listed at the end (CI's log shows where the suite's time goes).
 TEST_WORKERS ?= 2
-test: setup infra
+test: setup bytecode infra
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
@@ -42,7 +50,7 @@ infra:
 # then examples/hello-pt with live progress, prints a summary and stops everything it started.
 # DEMO_ARGS="--record bench/results/demo.json" writes the wall time; DEMO_ARGS=--local skips
 # docker compose.
-demo: setup
+demo: setup bytecode
 	$(VENV)/bin/fedhive demo $(DEMO_ARGS)
 
 # The wheel `pip install fedhive` gets (dist/fedhive-VERSION-py3-none-any.whl): the CLI, SDK and
@@ -59,7 +67,7 @@ wheel-demo: wheel infra
 	bash deploy/local/wheel-demo.sh
 
 # Each script prints JSON and writes bench/results/<name>.json; bench/RESULTS.md says how to read them.
-bench: setup infra
+bench: setup bytecode infra
 	for name in blobs jobs heartbeats scheduling rounds large_model hierarchy faults simulate scale task_manager liveness; do $(PY) bench/$$name.py || exit 1; done
 
 # A longer randomised fault run (not part of `make test`): SOAK_TRIALS random scenarios at random

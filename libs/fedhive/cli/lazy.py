@@ -1,11 +1,12 @@
 """A command group that imports a command's module only when that command runs.
 
 Every `fedhive` command used to import every other: grpc and the SDK, the POC's broker and
-process code, rich's progress bars, so `fedhive --help` and `fedhive version` cost ~0.7 s of CPU
-and every admin command paid it before its own work. `LazyGroup` (Click's lazy-loading pattern,
-on typer's group) holds, per command, where it is (`"module:attribute"`, a function or a typer
-app) and the one line `fedhive --help` shows for it; the help listing uses those lines, so it
-imports nothing. tests/unit/test_cli.py checks that each line is its command's own.
+process code, rich's progress bars, so `fedhive --help` and `fedhive version` cost 0.8-1.0 s of
+CPU (0.35 s now) and every admin command paid it before its own work. `LazyGroup` (Click's
+lazy-loading pattern, on typer's group) holds, per command, where it is (`"module:attribute"`,
+a function or a typer app) and the one line `fedhive --help` shows for it; the help listing
+uses those lines, so it imports nothing. tests/unit/test_cli.py checks that each line is its
+command's own.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,9 @@ def test_a_gateway_command_loads_neither_the_job_formats_nor_the_other_commands(
     assert "fedhive.cli.jobs" in loaded
     others = {"fedhive.cli.poc", "fedhive.cli.demo", "fedhive.cli.simulate"}
     assert loaded & (others | {"fedhive.jobs.definition", "yaml", "pika"}) == set()
+
+
+def test_offline_commands_load_no_grpc() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "hello-numpy"
+    for args in (("validate", str(example)), ("config",), ("admin-token", "a@b.org")):
+        assert loaded_by_command(*args) & {"grpc", "fedhive.sdk"} == set(), args

@@ -14,18 +14,20 @@
 
 gRPC errors reach the CLI as these typed errors (`fedhive.sdk.status.from_grpc`); a raw
 `grpc.RpcError` is mapped the same way. docs/cli.md has this table.
+
+Imported by every command, so it loads neither grpc nor the job formats: an error of their
+classes can only have been raised where they were loaded (`_loaded`).
 """
 
 from __future__ import annotations
 
+import sys
 from enum import IntEnum
+from typing import Any
 
-import grpc
 import typer
 
 from fedhive import errors
-from fedhive.jobs.archive import Violations
-from fedhive.sdk.status import from_grpc
 
 
 class Exit(IntEnum):
@@ -64,10 +66,31 @@ BY_ERROR: dict[type[BaseException], Exit] = {
 }
 
 
+def _loaded(module: str, name: str) -> Any:
+    """The class `module.name` if that module was loaded, else a class nothing is an instance
+    of."""
+    loaded = sys.modules.get(module)
+    return getattr(loaded, name) if loaded is not None else ()
+
+
+def mapped(err: BaseException) -> bool:
+    """Whether `err` is an error the CLI reports in one line (fedhive's, a local file's or
+    connection's, a gateway call's), not a bug to show with its traceback."""
+    return isinstance(err, (errors.FedhiveError, OSError, _loaded("grpc", "RpcError")))
+
+
+def _typed(err: BaseException) -> BaseException:
+    """A raw `grpc.RpcError` as fedhive's typed error; any other error as it is."""
+    if isinstance(err, _loaded("grpc", "RpcError")):
+        from fedhive.sdk.status import from_grpc
+
+        return from_grpc(err, target="the gateway")
+    return err
+
+
 def exit_code(err: BaseException) -> Exit:
     """The exit code for `err`: its class's (or nearest base class's) in BY_ERROR, else 1."""
-    if isinstance(err, grpc.RpcError):
-        err = from_grpc(err, target="the gateway")
+    err = _typed(err)
     for cls in type(err).__mro__:
         if cls in BY_ERROR:
             return BY_ERROR[cls]
@@ -76,8 +99,7 @@ def exit_code(err: BaseException) -> Exit:
 
 def message(err: BaseException) -> str:
     """`err` as the one line a command prints on stderr (without the "error: " prefix)."""
-    if isinstance(err, grpc.RpcError):
-        return str(from_grpc(err, target="the gateway"))
+    err = _typed(err)
     if isinstance(err, OSError) and err.strerror:
         return f"{err.filename}: {err.strerror}" if err.filename else err.strerror
     return " ".join(str(err).split()) or type(err).__name__
@@ -86,7 +108,7 @@ def message(err: BaseException) -> str:
 def fail(err: BaseException) -> typer.Exit:
     """Print `err` on stderr (one line; a bad job: one line per violation) and return the
     typer.Exit with its code, for the command to raise."""
-    if isinstance(err, Violations):
+    if isinstance(err, _loaded("fedhive.jobs.archive", "Violations")):
         typer.echo("\n".join(err.violations), err=True)
     else:
         typer.echo(f"error: {message(err)}", err=True)

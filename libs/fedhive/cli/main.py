@@ -27,6 +27,7 @@ from rich.table import Table
 
 from fedhive import __version__
 from fedhive.cli.connection import CONFIG_FILE_KEY, GatewayTarget
+from fedhive.cli.exits import exit_code, fail, mapped, message
 from fedhive.cli.lazy import LazyGroup
 from fedhive.cli.options import JsonOpt
 from fedhive.config import Settings
@@ -129,8 +130,6 @@ def config(as_json: JsonOpt = False) -> None:
     try:
         settings = Settings.from_env()
     except FedhiveError as err:  # a ConfigError: exit 2
-        from fedhive.cli.exits import fail
-
         raise fail(err) from None
     values = {k: _mask(k, v) for k, v in dataclasses.asdict(settings).items()}
     if as_json:
@@ -161,10 +160,7 @@ def main() -> None:
     try:
         app()
     except Exception as err:
-        grpc = sys.modules.get("grpc")  # loaded by the commands that talk to a gateway
-        if not isinstance(err, (FedhiveError, OSError, *([grpc.RpcError] if grpc else []))):
+        if not mapped(err):
             raise
-        from fedhive.cli.exits import exit_code, message
-
         typer.echo(f"error: {message(err)}", err=True)
         sys.exit(exit_code(err))

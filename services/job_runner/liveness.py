@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fedhive.sites.heartbeat import JobHeartbeat, SiteHeartbeat
-from fedhive.state.runs import SiteState
+from fedhive.state.runs import RunEntry, SiteState
 
 # A heartbeat is stamped before it lists the running jobs, and a start's stamp is taken as its
 # record becomes what heartbeats list (`SiteAgent._save`): every heartbeat stamped after a start
@@ -69,6 +69,16 @@ def judge(job_id: str, state: SiteState, view: View) -> tuple[SiteState, str]:
     if beat is None and state.reported and view.trust_jobs:
         return updated, SILENT
     return updated, ""
+
+
+def only_beats_moved(before: RunEntry, after: RunEntry) -> bool:
+    """Whether `after` differs from `before` in its sites' `last_heartbeat_ms` alone: what
+    `fedhive job` shows, and nothing a verdict reads."""
+    def without_beats(entry: RunEntry) -> RunEntry:
+        return replace(entry, sites={site: replace(state, last_heartbeat_ms=0)
+                                     for site, state in entry.sites.items()})
+
+    return without_beats(before) == without_beats(after)
 
 
 def not_listed(job_id: str, state: SiteState, site_beat: SiteHeartbeat | None) -> bool:

@@ -88,6 +88,15 @@ def test_job_heartbeat_is_kept_until_its_ttl(state_store: StateStore) -> None:
              what="job heartbeat TTL")
 
 
+def test_a_jobs_heartbeats_are_read_in_one_call(state_store: StateStore) -> None:
+    beats = [JobHeartbeat(job_id="job-1", site=site, sent_at_ms=1) for site in ("a", "b")]
+    state_store.record_job_heartbeats(
+        [*beats, JobHeartbeat(job_id="job-2", site="c", sent_at_ms=1)], ttl_s=30)
+    assert state_store.get_job_heartbeats("job-1", ["a", "b", "c", "d"]) == {
+        "a": beats[0], "b": beats[1]}  # c beats for another job, d never did
+    assert state_store.get_job_heartbeats("job-1", []) == {}
+
+
 def test_a_client_jobs_end_is_its_last_word(state_store: StateStore) -> None:
     ended = JobHeartbeat(job_id="job-1", site="a", sent_at_ms=5, ended=True, exit_code=-9,
                          reason="killed by signal 9 (SIGKILL)")

@@ -144,6 +144,10 @@ def test_heartbeats_of_several_jobs_in_one_call(cluster_state: RedisStateStore) 
     beats = [JobHeartbeat(job_id, "site-1", sent_at_ms=1, progress=0.5) for job_id in JOBS]
     cluster_state.record_job_heartbeats(beats, ttl_s=60)
     assert [cluster_state.get_job_heartbeat(job_id, "site-1") for job_id in JOBS] == beats
+    sites = [JobHeartbeat(JOBS[0], f"site-{n}", sent_at_ms=1) for n in range(2, 6)]
+    cluster_state.record_job_heartbeats(sites, ttl_s=60)
+    read = cluster_state.get_job_heartbeats(JOBS[0], [f"site-{n}" for n in range(1, 7)])
+    assert read == {beat.site: beat for beat in [beats[0], *sites]}  # one job's keys: one slot
 
 
 def test_cluster_mode_set_wrong_is_one_line(

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from fedhive.sites.heartbeat import JobHeartbeat, SiteHeartbeat
-from fedhive.state.runs import SiteState
+from fedhive.state.runs import RunEntry, SiteState
 from fedhive_services.job_runner.liveness import (
     NOT_RUNNING,
     OFFLINE,
@@ -17,6 +17,7 @@ from fedhive_services.job_runner.liveness import (
     View,
     ended,
     judge,
+    only_beats_moved,
 )
 
 JOB = "job-1"
@@ -103,3 +104,17 @@ def test_absences_are_judged_only_on_a_trusted_view() -> None:
 def test_sites_out_of_the_job_are_not_judged(state: SiteState) -> None:
     end = beat(exit_code=1)
     assert judge(JOB, state, view(job_beat=end, online=False)) == (state, "")
+
+
+def test_a_new_beat_alone_is_told_apart_from_a_change_a_verdict_reads() -> None:
+    # The monitor writes the former at most every few seconds, the latter at once.
+    entry = RunEntry(JOB, "runner-1", 1, "running", sites={"a": SEEN, "b": SEEN})
+    newer, _ = judge(JOB, SEEN, view(job_beat=beat(12_500)))
+    assert newer.last_heartbeat_ms == 12_500
+    assert only_beats_moved(entry, replace(entry, sites={**entry.sites, "a": newer}))
+    first, _ = judge(JOB, STARTED, view(job_beat=beat(12_500)))  # reported, seen online: news
+    assert not only_beats_moved(replace(entry, sites={**entry.sites, "a": STARTED}),
+                                replace(entry, sites={**entry.sites, "a": first}))
+    assert not only_beats_moved(entry, replace(entry, sites={**entry.sites, "a": replace(
+        newer, gone=OFFLINE)}))
+    assert not only_beats_moved(entry, replace(entry, pid=42))

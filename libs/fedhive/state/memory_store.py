@@ -336,12 +336,13 @@ class MemoryStateStore:
                 self._job_beats[(beat.job_id, beat.site)] = _Expiring(beat, expires)
 
     def get_job_heartbeat(self, job_id: str, site: str) -> JobHeartbeat | None:
+        return self.get_job_heartbeats(job_id, [site]).get(site)
+
+    def get_job_heartbeats(self, job_id: str, sites: Sequence[str]) -> dict[str, JobHeartbeat]:
         with self._lock:
-            entry = self._job_beats.get((job_id, site))
-            if entry is None or not entry.alive():
-                return None
-            beat: JobHeartbeat = entry.value
-            return beat
+            entries = {site: self._job_beats.get((job_id, site)) for site in sites}
+            return {site: entry.value for site, entry in entries.items()
+                    if entry is not None and entry.alive()}
 
     # idempotency ----------------------------------------------------------------------------
     def claim(self, scope: str, message_id: str, ttl_s: float) -> bool:

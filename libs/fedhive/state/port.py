@@ -213,6 +213,11 @@ class SitePresence(Protocol):
         """The last beat of a client job, None once its TTL expired."""
         ...
 
+    def get_job_heartbeats(self, job_id: str, sites: Sequence[str]) -> dict[str, JobHeartbeat]:
+        """The last beats of the job's client jobs at `sites`, in one read (a runner judges a
+        job's sites every tick); a site whose beat expired is absent."""
+        ...
+
 
 class Idempotency(Protocol):
     def claim(self, scope: str, message_id: str, ttl_s: float) -> bool:

@@ -472,10 +472,16 @@ class RedisStateStore:
                          presence_scripts.RECORD_JOB_HEARTBEATS, keys, args)
 
     def get_job_heartbeat(self, job_id: str, site: str) -> JobHeartbeat | None:
-        key = self._names.job_heartbeat_key(job_id, site)
-        raw = cast(str | None, self._call(f"read job {job_id} heartbeat of {site}",
-                                          lambda: self._client.get(key)))
-        return None if raw is None else JobHeartbeat(**json.loads(raw))
+        return self.get_job_heartbeats(job_id, [site]).get(site)
+
+    def get_job_heartbeats(self, job_id: str, sites: Sequence[str]) -> dict[str, JobHeartbeat]:
+        if not sites:
+            return {}
+        keys = [self._names.job_heartbeat_key(job_id, site) for site in sites]  # the job's slot
+        raws = cast(list[str | None], self._call(f"read job {job_id} heartbeats",
+                                                 lambda: self._client.mget(keys)))
+        return {site: JobHeartbeat(**json.loads(raw))
+                for site, raw in zip(sites, raws, strict=True) if raw is not None}
 
     # idempotency ----------------------------------------------------------------------------
     def remember(self, scope: str, key: str, value: str, ttl_s: float) -> str:

@@ -17,15 +17,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
-import grpc
 import typer
 from rich.console import Console
 
 from fedhive.cli.connection import CONFIG_FILE, CONFIG_FILE_KEY, GatewayTarget, load_config_file
-from fedhive.cli.exits import fail
+from fedhive.cli.exits import fail, mapped
 from fedhive.cli.options import JobId, JsonOpt, print_json
 from fedhive.cli.render import job_json, jobs_table, print_job, site_json, sites_table
-from fedhive.errors import FedhiveError
 from fedhive.jobs.limits import MAX_LIST_LIMIT
 from fedhive.jobs.status import JobStatus
 from fedhive.sdk import Session
@@ -44,8 +42,10 @@ def _session(ctx: typer.Context) -> Iterator[Session]:
         session = options.merged(load_config_file(config_file.expanduser())).open()
         with session:
             yield session
-    except (FedhiveError, OSError, grpc.RpcError) as err:  # exit code: fedhive.cli.exits
-        raise fail(err) from None
+    except Exception as err:
+        if not mapped(err):  # a bug: its traceback
+            raise
+        raise fail(err) from None  # exit code: fedhive.cli.exits
 
 
 def full_id(session: Session, job_id: str) -> str:

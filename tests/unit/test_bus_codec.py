@@ -12,10 +12,12 @@ from fedhive.bus.codec import (
     HEAD_HEADER,
     HEAD_MAX,
     Encoded,
+    Parts,
     TypeRegistry,
     encode,
     error_from_message,
     error_message,
+    joined,
     split,
     type_name,
 )
@@ -178,7 +180,9 @@ def test_an_attachment_follows_the_body_and_is_split_off_again() -> None:
     body = site_pb2.CheckResourcesRequest(job_id="j1").SerializeToString()
     message = Encoded.attaching(site_pb2.CheckResourcesRequest, body,
                                 [b"abc", memoryview(b"defg")])
-    sent, _, headers = encode(message)
+    parts, _, headers = encode(message)
+    assert isinstance(parts, Parts) and len(parts) == len(body) + 7  # never joined to send
+    sent = joined(parts)
     assert sent == body + b"abcdefg" and headers == {ATTACHED_HEADER: 7}
     proto, attachment = split(sent, headers, queue="q")
     assert proto == body and bytes(attachment) == b"abcdefg"
@@ -193,6 +197,7 @@ def test_a_large_head_goes_between_the_body_and_its_attachment() -> None:
     head = site_pb2.CheckResourcesReply(token="t" * (HEAD_MAX + 1)).SerializeToString()
     sent, _, headers = encode(Encoded.attaching(site_pb2.CheckResourcesReply, body, [b"xyz"],
                                                 head))
+    sent = joined(sent)
     assert headers == {ATTACHED_HEADER: 3} and sent == body + head + b"xyz"
     proto, attachment = split(sent, headers, queue="q")
     assert site_pb2.CheckResourcesReply.FromString(proto).token == "t" * (HEAD_MAX + 1)

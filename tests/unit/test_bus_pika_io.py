@@ -5,6 +5,7 @@ however little of it each write takes."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import random
 import socket
 from collections import deque
@@ -14,7 +15,8 @@ from typing import Any
 import pytest
 from pika import exceptions, frame, spec
 
-from fedhive.bus.pika_io import data_available, produce, send_message
+from fedhive.bus.codec import Parts
+from fedhive.bus.pika_io import as_body, data_available, produce, send_message
 
 
 @dataclass
@@ -96,7 +98,18 @@ class Sender:
         self.transport._tx_buffered_byte_count += len(data)
 
 
-def test_a_message_goes_out_as_pika_frames_it_however_little_each_write_takes() -> None:
+def _in_parts(body: bytes) -> Parts:
+    """`body` as a message and its attachment would give it: a small encoding, an empty
+    part, a part ending inside a frame, one spanning a whole frame and the rest."""
+    cuts = [0, 40, 40, 100_000, 100_000 + 2 * 131_064 + 5, len(body)]
+    view = memoryview(body)
+    return Parts(view[start:end] if n % 2 else bytes(view[start:end])
+                 for n, (start, end) in enumerate(itertools.pairwise(cuts)))
+
+
+@pytest.mark.parametrize("form", ["bytes", "parts"])
+def test_a_message_goes_out_as_pika_frames_it_however_little_each_write_takes(
+        form: str) -> None:
     body = random.Random(5).randbytes(3 * 131_064 + 11)
     method = spec.Basic.Publish(exchange="ex", routing_key="key")
     properties = spec.BasicProperties()
@@ -108,7 +121,8 @@ def test_a_message_goes_out_as_pika_frames_it_however_little_each_write_takes() 
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # many partial writes
         ours.setblocking(False)
         sender = Sender(Transport(ours))
-        send_message(sender, 1, method, (properties, body))  # type: ignore[arg-type]
+        sent = _in_parts(body) if form == "parts" else body
+        send_message(sender, 1, method, (properties, sent))  # type: ignore[arg-type]
         received, writes = bytearray(), 0
         while sender.transport._tx_buffers:
             with contextlib.suppress(BlockingIOError):  # pika waits until it is writable
@@ -122,3 +136,9 @@ def test_a_message_goes_out_as_pika_frames_it_however_little_each_write_takes() 
     assert writes > 10
     assert sender.transport._tx_buffered_byte_count == 0
     assert (sender.frames_sent, sender.bytes_sent) == (6, len(expected))
+
+
+def test_basic_publish_takes_a_body_in_parts_as_it_is() -> None:
+    parts = Parts([b"ab", memoryview(b"cd")])
+    assert as_body(parts) is parts
+    assert as_body("é") == "é".encode() and as_body(b"x") == b"x"  # pika's own conversions

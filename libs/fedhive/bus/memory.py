@@ -32,7 +32,7 @@ import structlog
 from google.protobuf.message import Message
 
 from fedhive.bus.batch import REQUEUE, BatchHandler
-from fedhive.bus.codec import Encoded, TypeRegistry, encode
+from fedhive.bus.codec import Encoded, TypeRegistry, encode, joined
 from fedhive.bus.consumer import REDELIVERY
 from fedhive.bus.delivery import (
     DIRECT_REPLY_TO,
@@ -192,7 +192,7 @@ class MemoryBus(Calls):
 
     def _reply(self, delivery: Delivery, reply: Message | Encoded) -> None:
         body, kind, headers = encode(reply)
-        self._broker.reply(self.user, delivery.reply_to or "", body,
+        self._broker.reply(self.user, delivery.reply_to or "", joined(body),
                            properties(kind, correlation_id=delivery.correlation_id,
                                       headers=headers))
 
@@ -417,7 +417,7 @@ class _RpcClient:
                     self._outstanding[correlation_id] = (
                         target, answerers(self._topology, self._user, target))
                 pending[correlation_id] = target
-                if not self._broker.publish(self._user, exchange, target, body, props):
+                if not self._broker.publish(self._user, exchange, target, joined(body), props):
                     del pending[correlation_id]
                     results[target] = Unroutable(
                         f"no queue bound on exchange {exchange!r} for {target!r}", field=target)

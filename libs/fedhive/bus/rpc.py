@@ -39,6 +39,7 @@ from google.protobuf.message import Message
 from fedhive.bus.codec import (
     ERROR_TYPE,
     HEAD_HEADER,
+    Body,
     Encoded,
     encode,
     error_from_message,
@@ -66,7 +67,7 @@ M = TypeVar("M", bound=Message)
 @dataclass(frozen=True)
 class _Request:
     target: str
-    body: bytes
+    body: Body
     props: pika.BasicProperties
     answerers: frozenset[str]  # the broker users whose reply is taken; empty: anyone's
 

@@ -6,55 +6,40 @@ hash slot, so the Redis may be standalone, replicated, Sentinel or a Redis Clust
 (`fedhive.state.connect`). The two operations that span a job's two slots (the namespace's and
 the job's own) are ordered steps: `create_job` marks the job live in its slot before it
 creates the record, `delete_job` deletes the job's data (live mark first) before the record;
-a crash between the steps leaves what a retry of the same call finishes. Connection failures
-are retried with the shared `Backoff` policy and then surface as `Unavailable`; a certificate
-not accepted or cluster mode set wrong is a ConfigError at once. A retried write whose first
-attempt did reach Redis answers as a repeat would (AlreadyExists, IllegalTransition); callers
-are idempotent on message ids anyway.
+a crash between the steps leaves what a retry of the same call finishes. Retries and error
+translation are `fedhive.state.redis_base`'s, the sites' keys `fedhive.state.redis_presence`'s.
+A retried write whose first attempt did reach Redis answers as a repeat would (AlreadyExists,
+IllegalTransition); callers are idempotent on message ids anyway.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-from collections.abc import Callable, Sequence
-from dataclasses import asdict
-from typing import Any, TypeVar, cast
+from collections.abc import Sequence
+from typing import Any, cast
 
-import redis
 import structlog
-from redis.cluster import RedisCluster
-from redis.exceptions import MovedError
 
-from fedhive.config import Settings
 from fedhive.errors import (
     AlreadyExists,
     IllegalTransition,
     LeaseNotHeld,
     NotFound,
     StaleFencingToken,
-    Unavailable,
 )
 from fedhive.jobs.record import JobMeta, JobRecord, Submitter
 from fedhive.jobs.status import INITIAL, JobStatus
 from fedhive.names import Names
-from fedhive.retry import Backoff
-from fedhive.sites.heartbeat import JobHeartbeat, SiteHeartbeat
-from fedhive.sites.serde import site_heartbeat_from_dict, site_heartbeat_to_dict
-from fedhive.state import codec, connect, presence_scripts, scripts
+from fedhive.state import codec, scripts
 from fedhive.state.port import Fence, JobUpdate, Lease
+from fedhive.state.redis_base import DEFAULT_BACKOFF, ms
+from fedhive.state.redis_presence import RedisPresence
 
-T = TypeVar("T")
+__all__ = ["DEFAULT_BACKOFF", "RedisStateStore", "prefix_pattern"]
+
 log = structlog.get_logger()
 
-DEFAULT_BACKOFF = Backoff(base=0.05, cap=1.0, max_attempts=6)
-# MovedError: on a cluster client, a slot that moved again while redis-py followed it.
-_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, MovedError)
 SCAN_COUNT = 1000  # index entries Redis examines per ZSCAN call of `find_job_ids`
-
-
-def _ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
 
 
 def prefix_pattern(prefix: str) -> str:
@@ -74,58 +59,9 @@ def prefix_pattern(prefix: str) -> str:
     return "".join(parts) + "*"
 
 
-class RedisStateStore:
-    """Implements `fedhive.state.port.StateStore` on one Redis or Redis Cluster."""
-
-    def __init__(
-        self, client: connect.RedisClient, names: Names, *, where: str,
-        backoff: Backoff = DEFAULT_BACKOFF,
-    ) -> None:
-        self._client = client
-        self._cluster = isinstance(client, RedisCluster)
-        self._names = names
-        self._where = where  # host:port, for error messages (never the password)
-        self._backoff = backoff
-
-    @classmethod
-    def from_settings(
-        cls, settings: Settings, *, backoff: Backoff = DEFAULT_BACKOFF
-    ) -> RedisStateStore:
-        return cls(connect.redis_client(settings), Names(settings.namespace),
-                   where=connect.where(settings), backoff=backoff)
-
-    def close(self) -> None:
-        self._client.close()
-
-    # plumbing -------------------------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
-        def on_retry(err: BaseException, wait: float) -> None:
-            log.warning("redis_retry", op=what, error=str(err), wait_s=round(wait, 3))
-
-        def attempt() -> T:
-            try:
-                return fn()
-            except redis.RedisError as err:
-                problem = connect.config_problem(err, self._where, cluster=self._cluster)
-                if problem is not None:
-                    raise problem from None  # no retry helps
-                raise
-
-        try:
-            return self._backoff.call(attempt, _TRANSIENT, on_retry)
-        except _TRANSIENT as err:
-            raise Unavailable(f"redis at {self._where} unavailable for {what}: {err}") from err
-
-    def _script(
-        self, what: str, script: scripts.LuaScript, keys: Sequence[str], args: Sequence[Any]
-    ) -> Any:
-        def run() -> Any:
-            try:
-                return self._client.evalsha(script.sha, len(keys), *keys, *args)
-            except redis.exceptions.NoScriptError:
-                return self._client.eval(script.source, len(keys), *keys, *args)
-
-        return self._call(what, run)
+class RedisStateStore(RedisPresence):
+    """Implements `fedhive.state.port.StateStore` on one Redis or Redis Cluster: jobs and
+    leases here, sites in `RedisPresence`, retries in `RedisBase`."""
 
     def _job_reply(self, job_id: str, reply: list[Any]) -> JobRecord:
         key = self._names.job_key(job_id)
@@ -341,14 +277,14 @@ class RedisStateStore:
     def acquire(self, name: str, holder: str, ttl_s: float) -> int | None:
         keys = self._lease_keys(name)
         token = self._script(
-            f"acquire lease {name}", scripts.ACQUIRE_LEASE, keys, [holder, _ms(ttl_s)]
+            f"acquire lease {name}", scripts.ACQUIRE_LEASE, keys, [holder, ms(ttl_s)]
         )
         return None if token is None else int(token)
 
     def renew(self, name: str, holder: str, token: int, ttl_s: float) -> None:
         keys = self._lease_keys(name)
         renewed = self._script(
-            f"renew lease {name}", scripts.RENEW_LEASE, keys, [holder, token, _ms(ttl_s)]
+            f"renew lease {name}", scripts.RENEW_LEASE, keys, [holder, token, ms(ttl_s)]
         )
         if not renewed:
             raise LeaseNotHeld(
@@ -359,7 +295,7 @@ class RedisStateStore:
         keys = self._lease_keys(name)
         token = self._script(
             f"take over lease {name}", scripts.TAKE_OVER_LEASE, keys,
-            [holder, previous, _ms(ttl_s)],
+            [holder, previous, ms(ttl_s)],
         )
         return None if token is None else int(token)
 
@@ -384,111 +320,12 @@ class RedisStateStore:
             return None
         return Lease(name, fields["holder"], int(fields["token"]), max(ttl_ms, 0) / 1000)
 
-    # sites ----------------------------------------------------------------------------------
-    def record_heartbeat(self, beat: SiteHeartbeat, ttl_s: float) -> None:
-        def write() -> None:
-            pipe = self._client.pipeline(transaction=True)
-            value = json.dumps(site_heartbeat_to_dict(beat))
-            pipe.set(self._names.site_key(beat.site), value, px=_ms(ttl_s))
-            pipe.zadd(self._names.sites_key, {beat.site: beat.sent_at_ms})
-            pipe.execute()
-
-        self._call(f"record heartbeat of site {beat.site}", write)
-
-    def get_site(self, site: str) -> SiteHeartbeat | None:
-        key = self._names.site_key(site)
-        raw = cast(str | None, self._call(f"read site {site}", lambda: self._client.get(key)))
-        return None if raw is None else site_heartbeat_from_dict(json.loads(raw))
-
-    def known_sites(self) -> list[str]:
-        key = self._names.sites_key
-        sites = cast(list[str], self._call("list sites", lambda: self._client.zrange(key, 0, -1)))
-        return sorted(sites)
-
-    def live_sites(self) -> list[SiteHeartbeat]:
-        sites = self.known_sites()
-        if not sites:
-            return []
-        keys = [self._names.site_key(site) for site in sites]
-        raws = cast(list[str | None], self._call("read sites", lambda: self._client.mget(keys)))
-        return [site_heartbeat_from_dict(json.loads(raw)) for raw in raws if raw is not None]
-
-    # site presence (transitions decided in Lua, see fedhive.state.presence_scripts) ---------
-    def _presence_keys(self) -> list[str]:
-        n = self._names
-        return [n.sites_key, n.sites_online_key, n.sites_last_key]
-
-    def record_heartbeats(self, beats: Sequence[SiteHeartbeat], ttl_s: float) -> list[str]:
-        if not beats:
-            return []
-        keys = [*self._presence_keys(), *(self._names.site_key(b.site) for b in beats)]
-        args: list[Any] = [_ms(ttl_s)]
-        for beat in beats:
-            args += [beat.site, beat.sent_at_ms, json.dumps(site_heartbeat_to_dict(beat))]
-        what = f"record {len(beats)} heartbeats"
-        return cast(list[str], self._script(what, presence_scripts.RECORD_HEARTBEATS, keys, args))
-
-    def mark_offline(self, beat: SiteHeartbeat) -> bool:
-        keys = [*self._presence_keys(), self._names.site_key(beat.site)]
-        args = [beat.site, beat.sent_at_ms, json.dumps(site_heartbeat_to_dict(beat))]
-        what = f"mark site {beat.site} offline"
-        return bool(self._script(what, presence_scripts.MARK_OFFLINE, keys, args) == 1)
-
-    def sweep_expired(self) -> list[SiteHeartbeat]:
-        n = self._names
-        online = sorted(cast(set[str], self._call(
-            "list online sites", lambda: self._client.smembers(n.sites_online_key))))
-        if not online:
-            return []
-        keys = [n.sites_online_key, n.sites_last_key, *(n.site_key(site) for site in online)]
-        reply = self._script("sweep expired sites", presence_scripts.SWEEP_EXPIRED, keys,
-                             online)
-        return [
-            site_heartbeat_from_dict(json.loads(raw)) if raw else SiteHeartbeat(site=site)
-            for site, raw in zip(reply[::2], reply[1::2], strict=True)
-        ]
-
-    def last_heartbeats(self) -> dict[str, SiteHeartbeat]:
-        key = self._names.sites_last_key
-        raws = cast(dict[str, str], self._call("read last heartbeats",
-                                               lambda: self._client.hgetall(key)))
-        return {site: site_heartbeat_from_dict(json.loads(raws[site])) for site in sorted(raws)}
-
-    def online_sites(self) -> list[str]:
-        key = self._names.sites_online_key
-        return sorted(cast(set[str], self._call("list online sites",
-                                                lambda: self._client.smembers(key))))
-
-    def record_job_heartbeats(self, beats: Sequence[JobHeartbeat], ttl_s: float) -> None:
-        by_job: dict[str, list[JobHeartbeat]] = {}
-        for beat in beats:
-            by_job.setdefault(beat.job_id, []).append(beat)
-        for job_id, batch in by_job.items():  # one script per job: each job has its own slot
-            keys = [self._names.job_heartbeat_key(job_id, beat.site) for beat in batch]
-            args: list[Any] = [_ms(ttl_s)]
-            for beat in batch:
-                args += [json.dumps(asdict(beat)), int(beat.ended)]
-            self._script(f"record {len(batch)} heartbeats of job {job_id}",
-                         presence_scripts.RECORD_JOB_HEARTBEATS, keys, args)
-
-    def get_job_heartbeat(self, job_id: str, site: str) -> JobHeartbeat | None:
-        return self.get_job_heartbeats(job_id, [site]).get(site)
-
-    def get_job_heartbeats(self, job_id: str, sites: Sequence[str]) -> dict[str, JobHeartbeat]:
-        if not sites:
-            return {}
-        keys = [self._names.job_heartbeat_key(job_id, site) for site in sites]  # the job's slot
-        raws = cast(list[str | None], self._call(f"read job {job_id} heartbeats",
-                                                 lambda: self._client.mget(keys)))
-        return {site: JobHeartbeat(**json.loads(raw))
-                for site, raw in zip(sites, raws, strict=True) if raw is not None}
-
     # idempotency ----------------------------------------------------------------------------
     def remember(self, scope: str, key: str, value: str, ttl_s: float) -> str:
         name = self._names.idempotency_key(scope, key)
 
         def once() -> str | None:
-            if self._client.set(name, value, nx=True, px=_ms(ttl_s)):
+            if self._client.set(name, value, nx=True, px=ms(ttl_s)):
                 return value
             return cast(str | None, self._client.get(name))  # None: it expired meanwhile
 
@@ -501,6 +338,6 @@ class RedisStateStore:
         key = self._names.idempotency_key(scope, message_id)
         return bool(
             self._call(
-                f"claim {key}", lambda: self._client.set(key, "1", nx=True, px=_ms(ttl_s))
+                f"claim {key}", lambda: self._client.set(key, "1", nx=True, px=ms(ttl_s))
             )
         )

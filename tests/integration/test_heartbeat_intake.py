@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -204,24 +205,30 @@ def test_job_heartbeats_are_stored(
 
 def test_job_runner_process_runs_the_intake(
     settings: Settings, site_publisher: SitePublisher, store: RedisStateStore,
-    transitions: Events, broker: Broker,
+    transitions: Events, broker: Broker, tmp_path: Path,
 ) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from fedhive_services.job_runner.main import main; main()",
-         "--site-ttl", "1", "--sweep-interval", "0.2"],
-        env=service_env(settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    log_file = tmp_path / "job-runner.log"
+    with log_file.open("wb") as out:  # a file, not a pipe: a full pipe would stall the runner
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from fedhive_services.job_runner.main import main; main()",
+             "--site-ttl", "1", "--sweep-interval", "0.2"],
+            env=service_env(settings), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         queue = Names(settings.namespace).events_queue("heartbeats")
         wait_for(lambda: queue in broker.declared()[0], timeout=30, what="the intake's queue")
         site_publisher.as_site("site-1", "heartbeat", beat("site-1"))
-        wait_for(lambda: len(transitions) == 2, timeout=15, what="online, then offline by TTL")
+        try:
+            wait_for(lambda: len(transitions) == 2, timeout=15, what="online, then offline")
+        except AssertionError as err:
+            raise AssertionError(f"{err}: {summary(transitions)}; the runner's log:\n"
+                                 f"{log_file.read_text()}") from None
         assert summary(transitions) == [(Names.SITE_ONLINE, "site-1"),
                                         (Names.SITE_OFFLINE, "site-1")]
         assert store.known_sites() == ["site-1"]
     finally:
         stop_process(proc)
-    output = proc.stdout.read().decode() if proc.stdout else ""
+    output = log_file.read_text()
     assert proc.returncode == 0, output
     assert '"event": "service.stopped"' in output

@@ -39,7 +39,7 @@ class Parts:
     the pika transport writes its frames from the pieces (`fedhive.bus.pika_io`), the
     in-memory bus joins them (`joined`). Joining a 1 MiB result cost its sender a copy into
     fresh pages (~7-12 % of a light host's CPU at 100 sites). The buffers must not change
-    until the message is sent (a publish returns once the broker confirmed it)."""
+    until the message is written: pika's blocking publish returns only then."""
 
     __slots__ = ("pieces", "size")
 

@@ -2,10 +2,11 @@
 lag, and how soon 10 killed sites are found dead.
 
 The services as in bench/scale.py (its private RabbitMQ node: 1,000 sites hold ~3,000
-connections), the sites in light-site hosts of at most 100 sites each (`scale.start_hosts`),
-the job's sites spread evenly over them (`spread`), every site its own broker user and
-heartbeats every HEARTBEAT_S; a last host holds the VICTIMS sites that are killed. The runner
-declares a site offline `--site-ttl` after its last heartbeat, looked for every SWEEP_S.
+connections), the sites in light-site hosts of at most `scale.HOST_SITES` each
+(`scale.start_hosts`), the job's sites spread evenly over them (`spread`), every site its own
+broker user and heartbeats every HEARTBEAT_S; a last host holds the VICTIMS sites that are
+killed. The runner declares a site offline `--site-ttl` after its last heartbeat, looked for
+every SWEEP_S.
 Default here 9 s (1.8 intervals; the runner's own default is 15 s, 3 intervals): detection
 within 2 intervals of a kill needs a TTL under 2 intervals, so a beat may be up to 4 s late, but
 a lost one makes its site offline until the next.

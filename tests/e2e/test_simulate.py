@@ -14,11 +14,13 @@ import subprocess
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from fedhive.jobs.status import JobStatus
+from fedhive.simulate import run
 from tests.fixtures.fl_jobs import sag_job
 from tests.fixtures.hello_large import hello_large
 from tests.fixtures.infra import wait_for
@@ -157,3 +159,21 @@ def test_an_invalid_job_lists_its_violations(tmp_path: Path) -> None:
                           timeout=60, check=False)
     assert done.returncode == 2 and "nope" in done.stderr
     assert not (tmp_path / "ws").exists()
+
+
+def test_a_site_failing_before_the_server_side_serves_still_leaves_the_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server side and the sites start at once: a site whose executors do not build may
+    send its WorkerExit before the server's queue exists (a CI run hung on it). It is retried
+    until the server side serves. In process, the server side held back half a second."""
+    serve_app = run.serve_app
+
+    def late(*args: Any) -> Any:
+        time.sleep(0.5)
+        return serve_app(*args)
+
+    monkeypatch.setattr(run, "serve_app", late)
+    folder = sag_job(tmp_path, "bad-executor", sites=[], min_clients=2, seconds=-1)
+    done = run.simulate(folder, run.Options(num_sites=2, workspace=tmp_path / "ws"))
+    assert done.record.status is S.FINISHED_EXECUTION_EXCEPTION
+    assert done.record.failed_sites == ["site-1", "site-2"]

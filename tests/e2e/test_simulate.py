@@ -11,16 +11,16 @@ import itertools
 import json
 import signal
 import subprocess
+import sys
+import textwrap
 import time
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from fedhive.jobs.status import JobStatus
-from fedhive.simulate import run
 from tests.fixtures.fl_jobs import sag_job
 from tests.fixtures.hello_large import hello_large
 from tests.fixtures.infra import wait_for
@@ -162,18 +162,27 @@ def test_an_invalid_job_lists_its_violations(tmp_path: Path) -> None:
 
 
 def test_a_site_failing_before_the_server_side_serves_still_leaves_the_job(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path) -> None:
     """The server side and the sites start at once: a site whose executors do not build may
     send its WorkerExit before the server's queue exists (a CI run hung on it). It is retried
-    until the server side serves. In process, the server side held back half a second."""
-    serve_app = run.serve_app
-
-    def late(*args: Any) -> Any:
-        time.sleep(0.5)
-        return serve_app(*args)
-
-    monkeypatch.setattr(run, "serve_app", late)
+    until the server side serves. The server side held back half a second, in a process of
+    its own (a simulation configures the process's logging)."""
+    script = textwrap.dedent("""
+        import json, sys, time
+        from pathlib import Path
+        from fedhive.simulate import run
+        serve_app = run.serve_app
+        def late(*args):
+            time.sleep(0.5)
+            return serve_app(*args)
+        run.serve_app = late
+        done = run.simulate(Path(sys.argv[1]), run.Options(num_sites=2,
+                                                           workspace=Path(sys.argv[2])))
+        print(json.dumps([done.record.status.value, done.record.failed_sites]))
+    """)
     folder = sag_job(tmp_path, "bad-executor", sites=[], min_clients=2, seconds=-1)
-    done = run.simulate(folder, run.Options(num_sites=2, workspace=tmp_path / "ws"))
-    assert done.record.status is S.FINISHED_EXECUTION_EXCEPTION
-    assert done.record.failed_sites == ["site-1", "site-2"]
+    done = subprocess.run([sys.executable, "-c", script, str(folder), str(tmp_path / "ws")],
+                          env=env(), capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    status, failed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (status, failed) == (S.FINISHED_EXECUTION_EXCEPTION.value, ["site-1", "site-2"])

@@ -32,10 +32,8 @@ from fedhive.jobs.status import INITIAL, JobStatus
 from fedhive.names import Names
 from fedhive.state import codec, scripts
 from fedhive.state.port import Fence, JobUpdate, Lease
-from fedhive.state.redis_base import DEFAULT_BACKOFF, ms
+from fedhive.state.redis_base import ms
 from fedhive.state.redis_presence import RedisPresence
-
-__all__ = ["DEFAULT_BACKOFF", "RedisStateStore", "prefix_pattern"]
 
 log = structlog.get_logger()
 

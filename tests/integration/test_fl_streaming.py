@@ -109,10 +109,11 @@ def test_a_tensor_every_site_sent_unchanged_is_the_model_s_own_object(
     np.testing.assert_array_equal(fed.materialized(aggregate).data["w"], 2.0)
 
 
-def test_inline_bytes_falsely_labelled_unchanged_never_reach_the_aggregate(
+def test_inline_bytes_falsely_labelled_unchanged_are_averaged_as_what_they_are(
         federation: FederationFactory) -> None:
     """A site labels other inline bytes with the unchanged tensor's checksum: the pass-through
-    checks the label, so the liar's result is read, fails its checksum and is left out."""
+    checks the label, so the tensor is not taken unread as the unchanged one; it is averaged,
+    the liar's bytes as the values they are (as they would be under their true label)."""
     fed = federation(["a", "b"], {})
     models = ModelStore.of(fed.ctx)
     frozen = np.arange(8, dtype=np.float32)  # 32 bytes: inline (the fixture's threshold is 64)
@@ -129,9 +130,9 @@ def test_inline_bytes_falsely_labelled_unchanged_never_reach_the_aggregate(
                                      inline_data=np.full(8, 666, np.float32).tobytes())
         assert aggregator.accept(site, Dxo(DataKind.WEIGHTS, refs)) == (True, "")
     aggregate = fed.materialized(aggregator.aggregate())
-    assert list(aggregator.failed) == ["a"] and "checksum" in aggregator.failed["a"]
-    np.testing.assert_array_equal(aggregate.data["frozen"], frozen)
-    np.testing.assert_array_equal(aggregate.data["w"], 3.0)
+    assert aggregator.failed == {} and aggregator.sites == ["a", "b"]
+    np.testing.assert_array_equal(aggregate.data["frozen"], (666 + frozen) / 2)
+    np.testing.assert_array_equal(aggregate.data["w"], 2.0)
 
 
 def test_results_that_do_not_fit_the_global_model_are_rejected_naming_job_round_site_tensor(

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from fedhive.blobs import BlobLocation, TensorCache, TensorKind, TensorRef, unpack
+from fedhive.blobs import BlobLocation, TensorCache, TensorKind, TensorRef, inline_values, unpack
 from fedhive.blobs.checksum import digest
 from fedhive.blobs.codec import inline_refs
 from fedhive.blobs.transfer import MiB
@@ -93,15 +93,27 @@ def test_checksums_are_blake3_and_an_old_checkpoints_sha256_refs_still_verify() 
         unpack([old], MemoryFetcher({"k/sha256/w": bytes(stored)}))
 
 
-def test_inline_bytes_are_copied_unless_a_reader_asks_for_views_still_verified() -> None:
+def test_inline_bytes_are_copied_and_verified() -> None:
     array = np.arange(12, dtype=np.float32).reshape(3, 4)
     ref = inline_refs({"w": array}, limit=MiB)[0]
     owned = unpack([ref], MemoryFetcher({}))["w"]
-    assert owned.flags.writeable and not np.shares_memory(owned, np.frombuffer(
-        ref.inline_data, np.uint8))
-    view = unpack([ref], MemoryFetcher({}), own=False)["w"]
-    assert np.array_equal(view, array) and not view.flags.writeable
-    assert np.shares_memory(view, np.frombuffer(ref.inline_data, np.uint8))  # no copy
+    assert np.array_equal(owned, array) and owned.flags.writeable
+    assert not np.shares_memory(owned, np.frombuffer(ref.inline_data, np.uint8))
     tampered = dataclasses.replace(ref, inline_data=bytes(len(ref.inline_data)))
     with pytest.raises(ChecksumMismatch, match="'w': bytes from inline data"):
-        unpack([tampered], MemoryFetcher({}), own=False)
+        unpack([tampered], MemoryFetcher({}))
+
+
+def test_inline_values_are_a_read_only_view_of_the_bytes_as_they_came() -> None:
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    ref = inline_refs({"w": array}, limit=MiB)[0]
+    view = inline_values(ref)
+    assert np.array_equal(view, array) and not view.flags.writeable
+    assert np.shares_memory(view, np.frombuffer(ref.inline_data, np.uint8))  # no copy
+    other = np.full((3, 4), 7, np.float32)  # other bytes under the same label: not checked
+    relabelled = dataclasses.replace(ref, inline_data=bytearray(other.tobytes()))
+    assert np.array_equal(inline_values(relabelled), other)
+    assert not inline_values(relabelled).flags.writeable  # even over writable memory
+    bits = inline_refs({"b": np.arange(4, dtype=np.uint16)}, limit=MiB)[0]
+    bits = dataclasses.replace(bits, dtype="bfloat16")
+    assert inline_values(bits).dtype == np.dtype("<u2")

@@ -27,7 +27,7 @@ from fedhive.blobs.serde import (
     ref_from_proto,
     ref_to_proto,
 )
-from fedhive.blobs.unpack import unpack
+from fedhive.blobs.unpack import inline_values, unpack
 from fedhive.blobs.upload import PresignedUploader
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ __all__ = [
     "content_key",
     "inline_budget_for",
     "inline_refs",
+    "inline_values",
     "ref_from_proto",
     "ref_to_proto",
     "unpack",

@@ -55,11 +55,9 @@ def unpack(
     workers: int = DOWNLOAD_WORKERS,
     part_size: int = DOWNLOAD_PART_SIZE,
     cache: TensorCache | None = None,
-    own: bool = True,
 ) -> dict[str, Any]:
     """name -> numpy array / torch tensor (per ref `kind`, or `kind` for all), checksums verified.
-    Each array has memory of its own; with `own=False` an inline ref's is a read-only view of
-    its bytes instead (no copy: for a reader that only reads, as the server's aggregation).
+    Each array has memory of its own.
 
     Raises ChecksumMismatch naming the tensor and key when bytes differ from the ref (including
     an object that became shorter), BlobNotFound / BlobAccessDenied from the fetcher.
@@ -76,8 +74,7 @@ def unpack(
     for ref in refs:
         hasher = checksum.hasher_for(ref.checksum, ref.name)
         if ref.is_inline:
-            buffer = np.frombuffer(ref.inline_data, dtype=np.uint8)
-            buffer = buffer.copy() if own else buffer
+            buffer = np.frombuffer(ref.inline_data, dtype=np.uint8).copy()
             hasher.update(buffer)
             slot_of.append(len(slots))
             slots.append(_Slot(ref, buffer, hasher))
@@ -132,6 +129,17 @@ def unpack(
         handed.add(index)
         out[ref.name] = _materialise(buffer, ref, kind or ref.kind)
     return out
+
+
+def inline_values(ref: TensorRef) -> Any:
+    """An inline ref's bytes as the numpy array they hold in stored form (bfloat16: uint16
+    bits): a read-only view, not checked against the ref's checksum. For a reader that takes
+    them as values whatever their label says, as the server's sums do: they are the bytes the
+    broker-verified sender sent, and a label matters only where the bytes are trusted by it
+    (passed on unread, or stored under their content key; both check it)."""
+    view = np.frombuffer(ref.inline_data, dtype=np.uint8)
+    view.flags.writeable = False
+    return bytes_to_numpy(view, ref.dtype, ref.shape)
 
 
 def _changed(slots: list[_Slot]) -> list[_Slot]:

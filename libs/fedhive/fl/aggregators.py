@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fedhive.blobs import TensorKind, TensorRef, checksum, content_key
+from fedhive.blobs import TensorKind, TensorRef, checksum, content_key, inline_values
 from fedhive.blobs.dtypes import bytes_to_torch
 from fedhive.blobs.keys import uploaded_by
 from fedhive.blobs.transfer import MiB
@@ -247,10 +247,13 @@ class InTimeAccumulateWeightedAggregator(Aggregator):
 
     def _weighted(self, site: str, name: str, value: Any, spec: TensorSpec,
                   weight: float) -> Array:
-        """`value` (a ref is read, checksum verified) times `weight`, in a buffer of its own."""
+        """`value` (a stored ref is read, checksum verified; an inline one's bytes are taken as
+        they came, `inline_values`) times `weight`, in a buffer of its own."""
         try:
-            if isinstance(value, TensorRef):
-                storage, owned = self._fetch(site, name, value), not value.is_inline
+            if isinstance(value, TensorRef) and value.is_inline:
+                storage, owned = inline_values(value), False
+            elif isinstance(value, TensorRef):
+                storage, owned = self._fetch(site, name, value), True
             else:
                 storage, owned = storage_of(name, value)[0], False
         except FedhiveError as err:
@@ -262,11 +265,10 @@ class InTimeAccumulateWeightedAggregator(Aggregator):
         return array
 
     def _fetch(self, site: str, name: str, ref: TensorRef) -> Array:
-        """`ref`'s tensor, checksum verified (inline: a read-only view of the result's
-        bytes); an error names the site that uploaded it."""
+        """`ref`'s stored tensor, checksum verified; an error names the site that uploaded it."""
         assert self.models is not None
         try:
-            return self.models.fetch(ref, own=False)
+            return self.models.fetch(ref)
         except FedhiveError as err:
             raise type(err)(f"{err.message}{uploaded_by(ref.key)}", field=name) from err
 

@@ -197,13 +197,12 @@ class ModelStore:
         return bool(key) and key.startswith(self.prefix)
 
     # reading -----------------------------------------------------------------------------------
-    def fetch(self, ref: TensorRef, *, own: bool = True) -> Array:
+    def fetch(self, ref: TensorRef) -> Array:
         """The tensor `ref` points at, checksum verified, as a numpy array in its stored form
-        (bfloat16: uint16 bits) over a fresh buffer the caller owns (`own=False`: an inline
-        ref's is a read-only view of its bytes). Raises BlobNotFound, ChecksumMismatch, ...
-        naming the key and tensor."""
+        (bfloat16: uint16 bits) over a fresh buffer the caller owns. Raises BlobNotFound,
+        ChecksumMismatch, ... naming the key and tensor."""
         fetched: Array = unpack([ref], self.store, kind=TensorKind.NUMPY, workers=self._workers,
-                                part_size=self._part_size, own=own)[ref.name]
+                                part_size=self._part_size)[ref.name]
         return fetched
 
     def fetch_value(self, name: str, value: Any) -> tuple[Array, bool]:

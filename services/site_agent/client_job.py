@@ -45,15 +45,13 @@ import pika
 
 from fedhive.bus import RabbitBus
 from fedhive.config import Settings, environment_values
-from fedhive.errors import FedhiveError, Unavailable, Unroutable
+from fedhive.errors import FedhiveError
 from fedhive.fl.components import ComponentError
 from fedhive.fl.executor import ANY_TASK, Executors
-from fedhive.fl.worker import Worker, WorkerConfig
+from fedhive.fl.worker import Worker, WorkerConfig, send_worker_exit
 from fedhive.heap import bound_heap
 from fedhive.logging import configure, file_logger
 from fedhive.names import Names
-from fedhive.proto.v1 import task_pb2
-from fedhive.retry import Backoff
 from fedhive.sites.heartbeat import JobHeartbeat
 from fedhive.sites.serde import job_heartbeat_to_proto
 
@@ -61,8 +59,6 @@ from .config import SiteConfig, agent_settings, load_site
 from .hub_config import HUB_FILE, load_hub
 from .records import LastWords, Workspace, check_job_id, now_ms, one_line, write_json
 
-# WorkerExit may go out while the server job is still starting (its queue not there yet).
-EXIT_NOTICE = Backoff(base=0.2, cap=2.0, max_attempts=None, deadline=30.0)
 # How soon the main thread sees an abort its worker does not end on (a task that ignores it):
 # well inside the agent's grace. The worker's own end wakes it at once.
 ABORT_CHECK_S = 1.0
@@ -204,10 +200,8 @@ def work(job: ClientJob, bus: RabbitBus, abort: threading.Event, hub: bool = Fal
 
 
 def _exit_notice(job: ClientJob, bus: RabbitBus, error: str) -> None:
-    notice = task_pb2.WorkerExit(job_id=job.job_id, site=job.config.site, error=error)
     try:
-        EXIT_NOTICE.call(lambda: bus.send(job.server_queue, notice),
-                         retry_on=(Unroutable, Unavailable))
+        send_worker_exit(bus, job.server_queue, job.job_id, job.config.site, error)
     except FedhiveError as err:
         job.log.warning("client_job.exit_notice_failed", error=str(err))
 

@@ -53,6 +53,8 @@ _A = task_pb2.TaskAssignment
 Received = tuple[task_pb2.TaskAssignment, memoryview]  # and its attachment (the task's arrays)
 RETRY = Backoff(base=0.2, cap=5.0, max_attempts=None)
 _TRANSIENT = (RpcTimeout, Unavailable)
+# A site's WorkerExit may go out while the server side is still starting (its queue not there).
+_EXIT_NOTICE = Backoff(base=0.05, cap=2.0, max_attempts=None, deadline=30.0)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,13 @@ class _Outcome:
 def one_line(err: BaseException, limit: int = 1000) -> str:
     text = " ".join(f"{type(err).__name__}: {err}".split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def send_worker_exit(bus: Bus, server_queue: str, job_id: str, site: str, error: str) -> None:
+    """Tell the server side that `site` will serve no task (its executors did not build), retried
+    while its queue is not there yet or the broker is away; raises the last error after 30 s."""
+    notice = task_pb2.WorkerExit(job_id=job_id, site=site, error=error)
+    _EXIT_NOTICE.call(lambda: bus.send(server_queue, notice), retry_on=(Unroutable, Unavailable))
 
 
 class Worker:

@@ -44,13 +44,13 @@ from fedhive.blobs import LocalBlobStore, TensorCodec
 from fedhive.bus import MemoryBroker, MemoryBus
 from fedhive.cli.render import job_json
 from fedhive.config import Settings
-from fedhive.errors import FedhiveError, Unroutable
+from fedhive.errors import FedhiveError
 from fedhive.fl.components import ComponentError
 from fedhive.fl.executor import ExecTask, Executor, Executors
 from fedhive.fl.server_job import END_RUN_GRACE_S, RoundReports, serve_app
 from fedhive.fl.task_manager import TaskManager
 from fedhive.fl.task_server import could_not_start
-from fedhive.fl.worker import Worker, WorkerConfig, one_line
+from fedhive.fl.worker import Worker, WorkerConfig, one_line, send_worker_exit
 from fedhive.fl.workflow import RoundReport, WorkflowContext
 from fedhive.jobs.archive import write_folder_zip
 from fedhive.jobs.definition import JobDefinition, load_job
@@ -59,8 +59,7 @@ from fedhive.jobs.status import JobStatus
 from fedhive.jobs.validation import SERVER
 from fedhive.logging import configure, file_logger
 from fedhive.names import Names
-from fedhive.proto.v1 import runner_pb2, task_pb2
-from fedhive.retry import Backoff
+from fedhive.proto.v1 import runner_pb2
 from fedhive.simulate.plan import Plan, plan
 from fedhive.state.memory_store import MemoryStateStore
 from fedhive.state.port import JobUpdate
@@ -73,9 +72,6 @@ SERVER_LOG = "server_job.log"  # in the server's workspace, as the job-runner pu
 SITE_LOG = "client_job.log"
 _BLOBS = ".blobs"  # the job's objects while it runs; deleted at the end
 _STOP_WAIT_S = 10.0  # how long an aborted site's running task gets to return
-# A site whose executors do not build may tell it before the server side's queue is there (both
-# start at once): its WorkerExit is retried, as the client job's is.
-_EXIT_NOTICE = Backoff(base=0.02, cap=0.5, max_attempts=None, deadline=30.0)
 
 
 @dataclass(frozen=True)
@@ -252,8 +248,7 @@ class Simulation:
         except ComponentError as err:
             log.error("client_job.bad_executor_config", error=str(err))
             site.failed = could_not_start(str(err))
-            notice = task_pb2.WorkerExit(job_id=self.job_id, site=site.name, error=str(err))
-            _EXIT_NOTICE.call(lambda: site.bus.send(route, notice), retry_on=(Unroutable,))
+            send_worker_exit(site.bus, route, self.job_id, site.name, str(err))
             return
         worker = Worker(site.bus, _taking_turns(executors, self.turns), WorkerConfig(
             job_id=self.job_id, site=site.name, server_queue=route, workspace=site.app_dir,

@@ -28,17 +28,17 @@ STEPS = MetaKey.NUM_STEPS_CURRENT_ROUND
 N = 1024  # elements per tensor: past the fixture's 64-byte inline threshold
 
 
-def arrays(seed: int) -> dict[str, Any]:
-    """One tensor of each dtype the aggregator must average."""
+def arrays(seed: int, n: int = N) -> dict[str, Any]:
+    """One tensor of each dtype the aggregator must average, of `n` elements."""
     rng = np.random.default_rng(seed)
     return {
-        "f32": rng.standard_normal(N).astype(np.float32),
-        "f64": rng.standard_normal((8, N // 8)),
-        "f16": rng.standard_normal(N).astype(np.float16),
-        "i64": rng.integers(-1000, 1000, N),
-        "flags": rng.random(N) > 0.5,
-        "t32": torch.from_numpy(rng.standard_normal(N).astype(np.float32)),
-        "tbf16": torch.from_numpy(rng.standard_normal(N).astype(np.float32)).to(torch.bfloat16),
+        "f32": rng.standard_normal(n).astype(np.float32),
+        "f64": rng.standard_normal((8, n // 8)),
+        "f16": rng.standard_normal(n).astype(np.float16),
+        "i64": rng.integers(-1000, 1000, n),
+        "flags": rng.random(n) > 0.5,
+        "t32": torch.from_numpy(rng.standard_normal(n).astype(np.float32)),
+        "tbf16": torch.from_numpy(rng.standard_normal(n).astype(np.float32)).to(torch.bfloat16),
     }
 
 
@@ -50,12 +50,14 @@ def expected_average(results: list[tuple[dict[str, Any], float]], name: str) -> 
     return mean
 
 
+@pytest.mark.parametrize("n", [N, 8], ids=["stored", "inline"])
 def test_streamed_and_in_time_aggregation_agree_bit_for_bit_for_every_dtype(
-        federation: FederationFactory) -> None:
+        federation: FederationFactory, n: int) -> None:
     fed = federation(["a", "b"], {})
     models = ModelStore.of(fed.ctx)
-    model = models.pack(arrays(0).items())
-    sent = {site: (arrays(seed), steps) for site, seed, steps in (("a", 1, 1), ("b", 2, 3))}
+    model = models.pack(arrays(0, n).items())
+    sent = {site: (arrays(seed, n), steps) for site, seed, steps in (("a", 1, 1), ("b", 2, 3))}
+    assert {ref.is_inline for ref in fed.pack(sent["a"][0])} == {n == 8}
     aggregates = []
     for in_time_mb in (32, 0):  # in time; streamed
         aggregator = InTimeAccumulateWeightedAggregator(in_time_mb=in_time_mb,
@@ -68,8 +70,8 @@ def test_streamed_and_in_time_aggregation_agree_bit_for_bit_for_every_dtype(
             assert aggregator.accept(site, result) == (True, "")
         aggregate = aggregator.aggregate()
         assert aggregate.is_lazy and aggregate.meta == {"aggregated_sites": ["a", "b"]}
-        assert all(ref.key.startswith(fed.ctx.tensor_prefix) and not ref.url
-                   for ref in aggregate.refs())
+        assert all((ref.is_inline if n == 8 else ref.key.startswith(fed.ctx.tensor_prefix))
+                   and not ref.url for ref in aggregate.refs())
         aggregates.append(fed.materialized(aggregate).data)
     in_time, streamed = aggregates
     for name, value in in_time.items():

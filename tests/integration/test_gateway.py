@@ -155,22 +155,24 @@ def test_listing_is_newest_first_with_filters(gateway: GatewayProcess) -> None:
 
 def test_a_unique_job_id_prefix_works_through_the_sdk(gateway: GatewayProcess) -> None:
     """The job-store resolves a prefix (any case) for every job call; a watch resolves it once,
-    so a second job with the same prefix submitted meanwhile does not break it."""
-    first, second = "9a1b0000-0000-4000-8000-000000000001", "9a1c0000-0000-4000-8000-000000000002"
+    so a second job with the same prefix submitted meanwhile does not break it. The prefix is
+    long enough that no random id of the module's other jobs shares it (a 3-digit one did, one
+    run in a few hundred)."""
+    first, second = "9a1b2c3d-0000-4000-8000-000000000001", "9a1b2c3e-0000-4000-8000-000000000002"
     with gateway.session("lead@a") as lead:
         lead.submit(job_zip("prefix-sdk"), job_id=first)
-        assert lead.get("9A1").job_id == first
-        assert lead.metrics("9a1b") == []
-        stream = lead.watch("9A1")
+        assert lead.get("9A1B2C3").job_id == first
+        assert lead.metrics("9a1b2c3d") == []
+        stream = lead.watch("9A1B2C3")
         assert next(stream).job_id == first
         lead.submit(job_zip("prefix-sdk"), job_id=second)
-        with pytest.raises(InvalidArgument, match=f"job id prefix 9a1 is ambiguous: it matches "
-                                                  f"{first}, {second}; give more of the id"):
-            lead.get("9a1")
-        with pytest.raises(NotFound, match="job 9a1d not found"):
-            lead.abort("9a1d")
-        assert lead.abort("9A1B", "by prefix").job_id == first
+        with pytest.raises(InvalidArgument, match=f"job id prefix 9a1b2c3 is ambiguous: "
+                                                  f"it matches {first}, {second}; give more"):
+            lead.get("9a1b2c3")
+        with pytest.raises(NotFound, match="job 9a1b2c3f not found"):
+            lead.abort("9a1b2c3f")
+        assert lead.abort("9A1B2C3D", "by prefix").job_id == first
         assert [(r.job_id, r.status) for r in stream] == [(first, JobStatus.FINISHED_ABORTED)]
-        assert lead.clone("9a1b").job_id not in (first, second)
-        lead.delete("9a1b")
-        assert lead.get("9a1").job_id == second
+        assert lead.clone("9a1b2c3d").job_id not in (first, second)
+        lead.delete("9a1b2c3d")
+        assert lead.get("9a1b2c3").job_id == second

@@ -18,7 +18,9 @@ modes chosen per result by its size:
 
 * in time (results up to `in_time_mb`, default 16 MiB of stored tensors: small models): the
   result is read as it arrives and folded into running sums, so aggregation overlaps the wait
-  for slower sites; the server holds the sums (at most the model) and one result at a time;
+  for slower sites; the server holds the sums (at most the model) and one result at a time.
+  Stored tensors are checksum verified; inline ones are added as the bytes that came (their
+  label is checked only where something trusts it: pass-through, content keys);
 * streamed (larger results): `accept` checks the refs' dtypes and shapes (no download) and
   keeps them; `aggregate` then builds the new global model tensor by tensor, `stream_workers`
   tensors at a time within `stream_memory_mb`: download each site's tensor (checksum

@@ -70,8 +70,7 @@ class RedisPresence(RedisBase):
 
     def sweep_expired(self) -> list[SiteHeartbeat]:
         n = self._names
-        online = sorted(cast(set[str], self._call(
-            "list online sites", lambda: self._client.smembers(n.sites_online_key))))
+        online = self.online_sites()
         if not online:
             return []
         keys = [n.sites_online_key, n.sites_last_key, *(n.site_key(site) for site in online)]

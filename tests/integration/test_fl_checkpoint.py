@@ -4,6 +4,7 @@ bytes copied), what a resumed job reads, what is cleaned up."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -81,6 +82,37 @@ def test_a_model_of_refs_is_kept_as_the_same_refs_no_bytes_copied(
     assert {name: (ref.key, ref.checksum) for name, ref in loaded.model.data.items()} == {
         name: (ref.key, ref.checksum) for name, ref in lazy.data.items()}
     np.testing.assert_array_equal(fed.materialized(loaded.model).data["small"], [3.0])
+
+
+class CountedGets:
+    """A blob store that counts its `get` calls."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.gets = store, 0
+
+    def get(self, key: str) -> bytes:
+        self.gets += 1
+        return bytes(self.store.get(key))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+@pytest.mark.parametrize("predecessor_wrote", [False, True])
+def test_the_checkpoint_is_read_once_then_remembered(federation: FederationFactory,
+                                                     predecessor_wrote: bool) -> None:
+    """A job that checkpoints rarely or never asks S3 once (as a restarted server job would,
+    finding its predecessor's checkpoint or none), not every round."""
+    fed = federation(["a"])
+    if predecessor_wrote:
+        save_checkpoint(fed.ctx, Checkpoint("ScatterAndGather", 0, 5, model(1.0)))
+    written = set(fed.ctx.checkpointed or ())
+    store = CountedGets(fed.ctx.store)
+    ctx = dataclasses.replace(fed.ctx, store=store, checkpointed=None)
+    assert checkpoint_keys(ctx) == written and store.gets == 1
+    assert checkpoint_keys(ctx) == written and store.gets == 1
+    save_checkpoint(ctx, Checkpoint("ScatterAndGather", 1, 5, model(2.0)))
+    assert checkpoint_keys(ctx) == ctx.checkpointed != written and store.gets == 1
 
 
 def test_no_checkpoint_and_a_malformed_one(federation: FederationFactory) -> None:

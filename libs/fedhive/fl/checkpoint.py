@@ -24,8 +24,9 @@ does not.
 Otherwise a checkpoint deletes no tensor object: the round objects' collector
 (`ModelStore.collect`) keeps every object `checkpoint_keys` names, so a crash at any point
 leaves a checkpoint whose objects all exist. The server job is the only writer of its job's
-checkpoint, so the keys it last wrote are remembered in the context (`ctx.checkpointed`)
-instead of read back each round.
+checkpoint, so the keys it last wrote (or read, once, when it started) are remembered in the
+context (`ctx.checkpointed`) instead of read back each round; unknown again while a write is
+in flight (a failed one may or may not have landed).
 """
 
 from __future__ import annotations
@@ -136,15 +137,18 @@ def _put(writer: ModelWriter | None, name: str, value: Any) -> TensorRef:
 
 
 def checkpoint_keys(ctx: WorkflowContext) -> set[str]:
-    """The objects this job's checkpoint names (empty when it has none)."""
-    if ctx.checkpointed is not None:
-        return set(ctx.checkpointed)
-    try:
-        message = common_pb2.TensorBundle.FromString(
-            _store(ctx).get(job_names(ctx).job_checkpoint_key(ctx.job_id)))
-    except BlobNotFound:
-        return set()
-    return {ref.key for ref in message.tensors if ref.key}
+    """The objects this job's checkpoint names (empty when it has none): read once (a job
+    that checkpoints rarely or never asked S3 every round), then remembered, as its only
+    writer may."""
+    if ctx.checkpointed is None:
+        try:
+            message = common_pb2.TensorBundle.FromString(
+                _store(ctx).get(job_names(ctx).job_checkpoint_key(ctx.job_id)))
+        except BlobNotFound:
+            ctx.checkpointed = set()
+        else:
+            ctx.checkpointed = {ref.key for ref in message.tensors if ref.key}
+    return set(ctx.checkpointed)
 
 
 def load_checkpoint(ctx: WorkflowContext, job_id: str) -> Checkpoint | None:

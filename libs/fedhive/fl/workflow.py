@@ -61,7 +61,7 @@ class WorkflowContext:
     names: Names | None = None  # the deployment's queue, key and object names
     resume_from: str = ""  # a job id: continue from that job's last checkpoint
     report_round: Any = None  # Callable[[RoundReport], None], set by the server job
-    checkpointed: set[str] | None = None  # the keys this job's checkpoint names, once written
+    checkpointed: set[str] | None = None  # the keys this job's checkpoint names, once known
     operators: Any = None  # the server config's `operators` section, as written
     operations: Operations | None = None  # an operation-driven job's inbox (its controller's)
     abort: threading.Event = field(default_factory=threading.Event)

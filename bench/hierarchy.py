@@ -7,7 +7,9 @@ reports a weight), so both jobs compute the same FedAvg.
 
 1. Round time, `--small-mib` model: a ScatterAndGather job over a1, f1, f2 (flat) and one over
    a1 and the hub (tiered: b1, b2 below), alternating, `--pairs` times, `--rounds` rounds each;
-   a job's round time = (last round report - first) / (rounds - 1), from its metrics.
+   a job's round time = (last round report - first) / (rounds - 1), from its metrics; what
+   the tier costs = tiered - flat, a fixed time per round whatever the sites' training takes
+   (`--train-ms`: each trainer waits that long per task, 0 by default).
 2. A `--large-mib` model (tensors of `--tensor-mib`), `--large-rounds` rounds, flat then
    tiered (round time of each), and of the tiered job: the peak
    RSS of the hub's client job and agent and of tier 2's server job, and the bytes through
@@ -15,9 +17,10 @@ reports a weight), so both jobs compute the same FedAvg.
    (`ss -tip`: gRPC to tier 2, AMQP to tier 1) from the first round's report to the last.
 
     .venv/bin/python bench/hierarchy.py [--pairs 2] [--rounds 6] [--large-mib 512]
+                                        [--train-ms 0]
 
 Prints JSON and writes bench/results/hierarchy.json (keys `tiered_round_ratio`,
-`hub_cj_peak_mb`, `t2_sj_peak_mb`, `hub_bytes_per_round`).
+`tier_cost_ms`, `hub_cj_peak_mb`, `t2_sj_peak_mb`, `hub_bytes_per_round`).
 """
 
 from __future__ import annotations
@@ -200,7 +203,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 configure_hub(hub, s1, t2, sites=lower_sites)
                 trainers = ["a1", "f1", "f2", "b1", "b2"]
                 app = site_app(tmp / "app", dict.fromkeys(trainers, 1.0),
-                               dict.fromkeys(trainers, 1.0))
+                               dict.fromkeys(trainers, 1.0), seconds=args.train_ms / 1000)
                 flat, tiered = [], []
                 for pair in range(args.pairs):
                     for sites, times in ((["a1", "f1", "f2"], flat), (["a1", "hub"], tiered)):
@@ -209,10 +212,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         times.append(per_round(run_job(t1, folder, 300)))
                 results.update(
                     small_model_mib=args.small_mib, rounds=args.rounds, pairs=args.pairs,
+                    train_ms=args.train_ms,
                     round_s_flat=[round(t, 4) for t in flat],
                     round_s_tiered=[round(t, 4) for t in tiered],
                     tiered_round_ratio=round(statistics.median(
-                        t / f for t, f in zip(tiered, flat, strict=True)), 3))
+                        t / f for t, f in zip(tiered, flat, strict=True)), 3),
+                    tier_cost_ms=round(statistics.median(
+                        (t - f) * 1000 for t, f in zip(tiered, flat, strict=True)), 1))
                 if args.large_mib > 0:
                     assert hub.proc is not None
                     results.update(large(args, tmp, t1, hub.proc.pid, app))
@@ -271,6 +277,8 @@ def main() -> None:
     parser.add_argument("--large-mib", type=float, default=512.0, help="0: skip")
     parser.add_argument("--tensor-mib", type=float, default=64.0)
     parser.add_argument("--large-rounds", type=int, default=3)
+    parser.add_argument("--train-ms", type=float, default=0.0,
+                        help="how long each site's trainer takes per task")
     parser.add_argument("--output", type=Path, default=ROOT / "bench/results/hierarchy.json")
     parser.add_argument("--logs", type=Path, default=None,
                         help="an empty folder to keep the systems' logs in")

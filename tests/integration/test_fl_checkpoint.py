@@ -90,9 +90,9 @@ class CountedGets:
     def __init__(self, store: Any) -> None:
         self.store, self.gets = store, 0
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str) -> Any:
         self.gets += 1
-        return bytes(self.store.get(key))
+        return self.store.get(key)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)

@@ -31,7 +31,8 @@ from tests.fixtures.tiers import (
 S = JobStatus
 LEADS = {1: "lead@a", 2: "lead@b"}  # each root's hub's admin at tier 2 (orgs a and b)
 # Tier 2 runs both roots' jobs at once.
-TWO_AT_ONCE = ("--max-jobs", "2", *SCHEDULER_OPTIONS[2:])
+TWO_AT_ONCE = ("--max-jobs", "2",
+               *SCHEDULER_OPTIONS[SCHEDULER_OPTIONS.index("--max-schedule-count"):])
 
 
 def test_two_roots_share_a_lower_tier_and_neither_reaches_the_others_job(
